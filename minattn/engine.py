@@ -1,0 +1,356 @@
+"""The autograd engine: Tensor, Function, no_grad/eval_mode, sum_to and an iterative backward.
+
+A ``Tensor`` wraps an array (``.data``, NumPy or CuPy) and remembers the ``Function`` that made it
+(``.creator``). A ``Function`` computes on raw arrays in ``forward`` and maps the output gradient to
+input gradients in ``backward``. Calling ``loss.backward()`` walks the graph once in reverse
+topological order, without recursion (an unrolled RNN is thousands of nodes deep), reduces
+broadcast gradients with ``sum_to``, checks every gradient's shape and dtype, and frees the graph
+as it goes. Only leaf tensors (parameters, inputs) keep ``.grad``.
+
+Graph lifetime: a Function holds its inputs strongly and its output not at all, so there are no
+reference cycles; a Tensor keeps its creator until backward has passed through it.
+"""
+import contextlib
+import itertools
+
+import numpy as np
+
+from . import backend
+
+
+class _Mode:
+    grad = True    # record the graph?
+    train = True   # dropout and other training-only behaviour on?
+
+
+@contextlib.contextmanager
+def no_grad():
+    """Record nothing: results have no creator and do not require grad (evaluation, updates)."""
+    old, _Mode.grad = _Mode.grad, False
+    try:
+        yield
+    finally:
+        _Mode.grad = old
+
+
+@contextlib.contextmanager
+def eval_mode():
+    """Switch off training-only behaviour (dropout, Gumbel noise) for everything in the block."""
+    old, _Mode.train = _Mode.train, False
+    try:
+        yield
+    finally:
+        _Mode.train = old
+
+
+def is_grad_enabled():
+    return _Mode.grad
+
+
+def is_training():
+    return _Mode.train
+
+
+def sum_to(g, shape):
+    """Sum a broadcast gradient ``g`` back down to ``shape`` (NumPy broadcasting rules)."""
+    if g.shape == shape:
+        return g
+    lead = g.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(i + lead for i, n in enumerate(shape) if n == 1 and g.shape[i + lead] != 1)
+    g = g.sum(axis=axes, keepdims=True)
+    return g.reshape(shape) if lead else g
+
+
+_seq = itertools.count(1)
+_ARRAY_TYPES = backend.ARRAY_TYPES
+_new_tensor = object.__new__  # creation order of recorded tensors (see Tensor.backward)
+
+
+def _as_array(data):
+    """Python scalars/lists -> NumPy arrays (floats in the default dtype); NumPy scalars -> 0-d arrays."""
+    if isinstance(data, np.generic):
+        return np.asarray(data)
+    if hasattr(data, "dtype") and hasattr(data, "shape"):
+        return data
+    data = np.asarray(data)
+    return data.astype(backend.DEFAULT_DTYPE) if data.dtype.kind == "f" else data
+
+
+class Tensor:
+    """An array plus what autograd needs. ``requires_grad`` marks the tensors whose gradient we want."""
+    __slots__ = ("data", "grad", "requires_grad", "creator", "seq", "_g", "__weakref__")
+    __array_priority__ = 1000  # make ``ndarray + Tensor`` call Tensor.__radd__
+
+    def __init__(self, data, requires_grad=False):
+        if type(data) not in _ARRAY_TYPES:
+            data = _as_array(data)
+        if requires_grad and data.dtype.kind != "f":
+            raise TypeError(f"only floating-point tensors can require grad, got {data.dtype}")
+        self.data = data
+        self.grad = None
+        self.requires_grad = requires_grad
+        self.creator = None
+        self.seq = 0      # 0 for leaves; recorded outputs get increasing numbers
+        self._g = None    # gradient being accumulated during backward()
+
+    # --- array-like properties -------------------------------------------------------------------
+    shape = property(lambda self: self.data.shape)
+    ndim = property(lambda self: self.data.ndim)
+    dtype = property(lambda self: self.data.dtype)
+    size = property(lambda self: self.data.size)
+    device = property(lambda self: backend.device_of(self.data))
+
+    def __len__(self):
+        return len(self.data)
+
+    def __repr__(self):
+        return f"Tensor(shape={self.shape}, dtype={self.dtype}, device={self.device}" + \
+               (", requires_grad=True)" if self.requires_grad else ")")
+
+    __hash__ = object.__hash__  # comparisons return arrays, so keep identity hashing
+
+    def numpy(self):
+        """The data as a NumPy array on the host (an explicit copy for GPU data)."""
+        return backend.to_numpy(self.data)
+
+    def item(self):
+        return self.numpy().item()
+
+    def detach(self):
+        return Tensor(self.data)
+
+    # --- backward --------------------------------------------------------------------------------
+    def backward(self, grad=None):
+        """Accumulate d(self)/d(leaf) · grad into every leaf's ``.grad`` and free the graph.
+
+        ``grad`` defaults to ones (the usual case: a scalar loss). Gradients are summed
+        out of place unless the engine owns the buffer, so a backward never writes into an array
+        that another tensor or the caller still holds.
+        """
+        if not self.requires_grad:
+            raise RuntimeError("backward() on a tensor that does not require grad "
+                               "(was it computed under no_grad(), or from constants only?)")
+        xp = backend.array_module(self.data)
+        if grad is None:
+            grad = xp.ones_like(self.data)
+        elif isinstance(grad, Tensor):
+            grad = grad.data
+        if grad.shape != self.shape:
+            raise ValueError(f"backward: grad shape {grad.shape} != tensor shape {self.shape}")
+
+        # Collect the graph without recursion. Every recorded tensor is numbered at creation and an
+        # op's output is always created after its inputs, so descending numbers are a topological
+        # order (leaves, numbered 0, come last).
+        nodes, seen, i = [self], {id(self)}, 0
+        while i < len(nodes):
+            for t in nodes[i].creator.inputs if nodes[i].creator is not None else ():
+                if t.requires_grad and id(t) not in seen:
+                    seen.add(id(t))
+                    nodes.append(t)
+            i += 1
+        nodes.sort(key=_by_seq, reverse=True)
+
+        owned = set()  # ids of gradient buffers the engine allocated (safe to add into in place)
+        self._g = grad
+        try:
+            for node in nodes:
+                g, node._g = node._g, None
+                if g is None:
+                    continue
+                fn = node.creator
+                if fn is None:  # a leaf: store or accumulate, never aliasing an array held elsewhere
+                    if node.grad is None:
+                        node.grad = g if id(g) in owned else g.copy()
+                    else:
+                        node.grad = node.grad + g
+                    continue
+                if fn is _FREED:
+                    raise RuntimeError("backward through a graph that an earlier backward() already freed")
+                node.creator = _FREED  # free the graph behind us (and remember that we did)
+                gxs = fn.backward(g)
+                if type(gxs) is not tuple:
+                    gxs = (gxs,)
+                for t, gx in zip(fn.inputs, gxs):
+                    if gx is None or not t.requires_grad:
+                        continue
+                    data = t.data
+                    if gx.shape != data.shape:
+                        gx = sum_to(gx, data.shape)
+                        if gx.shape != data.shape:
+                            raise ValueError(f"{type(fn).__name__}.backward returned shape {gx.shape} "
+                                             f"for an input of shape {data.shape}")
+                    if gx.dtype != data.dtype:
+                        raise TypeError(f"{type(fn).__name__}.backward returned {gx.dtype} "
+                                        f"for a {data.dtype} input")
+                    prev = t._g
+                    if prev is None:
+                        t._g = gx
+                    elif id(prev) in owned:
+                        prev += gx  # in place into a buffer the engine made
+                    else:
+                        t._g = prev + gx
+                        owned.add(id(t._g))
+                fn.inputs = None
+        except BaseException:
+            for node in nodes:
+                node._g = None
+            raise
+
+    # --- operators (the ops themselves live in ops.py) ------------------------------------------
+    def __add__(self, other):
+        return _ops.add(self, other)
+
+    def __radd__(self, other):
+        return _ops.add(self, other)
+
+    def __sub__(self, other):
+        return _ops.sub(self, other)
+
+    def __rsub__(self, other):
+        return _ops.sub(other, self)
+
+    def __mul__(self, other):
+        return _ops.mul(self, other)
+
+    def __rmul__(self, other):
+        return _ops.mul(self, other)
+
+    def __truediv__(self, other):
+        return _ops.div(self, other)
+
+    def __rtruediv__(self, other):
+        return _ops.div(other, self)
+
+    def __matmul__(self, other):
+        return _ops.matmul(self, other)
+
+    def __rmatmul__(self, other):
+        return _ops.matmul(other, self)
+
+    def __pow__(self, exponent):
+        return _ops.pow(self, exponent)
+
+    def __neg__(self):
+        return _ops.neg(self)
+
+    def __getitem__(self, index):
+        return _ops.getitem(self, index)
+
+    # Comparisons give plain arrays (masks), never graph nodes.
+    def __lt__(self, other):
+        return self.data < _data(other)
+
+    def __le__(self, other):
+        return self.data <= _data(other)
+
+    def __gt__(self, other):
+        return self.data > _data(other)
+
+    def __ge__(self, other):
+        return self.data >= _data(other)
+
+    def __eq__(self, other):
+        return self.data == _data(other)
+
+    def __ne__(self, other):
+        return self.data != _data(other)
+
+    def sum(self, axis=None, keepdims=False):
+        return _ops.sum(self, axis, keepdims)
+
+    def mean(self, axis=None, keepdims=False):
+        return _ops.mean(self, axis, keepdims)
+
+    def max(self, axis=None, keepdims=False):
+        return _ops.max(self, axis, keepdims)
+
+    def reshape(self, *shape):
+        return _ops.reshape(self, shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
+
+    def transpose(self, *axes):
+        return _ops.transpose(self, axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes)
+
+    def swapaxes(self, a, b):
+        return _ops.swapaxes(self, a, b)
+
+    @property
+    def T(self):
+        return _ops.transpose(self, ())
+
+    def exp(self):
+        return _ops.exp(self)
+
+    def log(self):
+        return _ops.log(self)
+
+    def sqrt(self):
+        return _ops.sqrt(self)
+
+    def abs(self):
+        return _ops.abs(self)
+
+    def tanh(self):
+        return _ops.tanh(self)
+
+    def sigmoid(self):
+        return _ops.sigmoid(self)
+
+    def relu(self):
+        return _ops.relu(self)
+
+
+def _by_seq(t):
+    return t.seq
+
+
+def _data(x):
+    return x.data if isinstance(x, Tensor) else x
+
+
+def as_tensor(x):
+    return x if isinstance(x, Tensor) else Tensor(x)
+
+
+class _FreedGraph:
+    """Stands in for the creator of a non-leaf tensor whose graph backward() has freed."""
+    inputs = ()
+
+
+_FREED = _FreedGraph()
+
+
+class Function:
+    """One differentiable operation. Subclasses define ``forward(*arrays) -> array`` and
+    ``backward(gy) -> grad or tuple of grads`` (one per input, ``None`` for no gradient), on raw
+    arrays, saving on ``self`` only what backward needs. Non-tensor arguments (axes, index arrays,
+    targets) go to ``__init__``.
+
+    ``__call__`` records the node only when grad mode is on and some input requires grad.
+    """
+    __slots__ = ("inputs",)
+
+    def __call__(self, *inputs):
+        inputs = [x if isinstance(x, Tensor) else Tensor(x) for x in inputs]
+        y = self.forward(*[x.data for x in inputs])
+        out = _new_tensor(Tensor)  # Tensor.__init__ without its checks: this is the hot path
+        out.data = y if type(y) in _ARRAY_TYPES else _as_array(y)
+        out.grad = out.creator = out._g = None
+        out.requires_grad, out.seq = False, 0
+        if _Mode.grad:
+            for x in inputs:
+                if x.requires_grad:
+                    out.requires_grad = True
+                    out.creator = self
+                    out.seq = next(_seq)
+                    self.inputs = inputs
+                    break
+        return out
+
+    def forward(self, *xs):
+        raise NotImplementedError
+
+    def backward(self, gy):
+        raise NotImplementedError
+
+
+from . import ops as _ops  # noqa: E402  (ops needs Function and Tensor defined above)

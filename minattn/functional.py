@@ -1,0 +1,66 @@
+"""minattn.functional (import as ``F``): the functions models are written with.
+
+Primitives come from ``ops``; the composites here (dropout, Gumbel-softmax, the reference layer
+norm) are built from ops and so get correct gradients for free. Signatures follow PyTorch's, with
+NumPy's ``axis=`` keyword.
+"""
+from . import ops
+from .backend import array_module
+from .engine import Tensor, is_training
+from .ops import (abs, broadcast_to, concat, cross_entropy, cumsum, embedding, exp, log, log_softmax,  # noqa: F401
+                  logsigmoid, masked_fill, matmul, max, maximum, mean, minimum, relu, reshape, sigmoid,
+                  softmax, softplus, sqrt, stack, straight_through, sum, swapaxes, tanh, transpose, where)
+
+
+def layer_norm(x, weight, bias, eps=1e-5):
+    """LayerNorm over the last axis (Ba et al. 2016), fused; ``layer_norm_reference`` is its
+    composite definition, which the tests compare it against."""
+    return ops.layer_norm_fused(x, weight, bias, eps)
+
+
+def layer_norm_reference(x, weight, bias, eps=1e-5):
+    mu = x.mean(axis=-1, keepdims=True)
+    xc = x - mu
+    var = (xc * xc).mean(axis=-1, keepdims=True)
+    return xc / (var + eps).sqrt() * weight + bias
+
+
+def dropout(x, p, rng, training=None):
+    """Inverted dropout: zero each entry with probability ``p`` and scale the rest by 1/(1−p), so
+    nothing changes at evaluation. ``training`` defaults to the engine mode (``eval_mode()``)."""
+    if training is None:
+        training = is_training()
+    if not training or p == 0:
+        return x
+    if not 0 <= p < 1:
+        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+    mask = (rng.uniform(x.shape, x.dtype) >= p) * x.dtype.type(1 / (1 - p))
+    return x * mask
+
+
+def one_hot_argmax(x, axis=-1):
+    """A plain array: 1 at the (first) maximum along ``axis``, 0 elsewhere."""
+    data = x.data if isinstance(x, Tensor) else x
+    xp = array_module(data)
+    idx = data.argmax(axis=axis)
+    n = data.shape[axis]
+    return (xp.expand_dims(idx, axis) == xp.arange(n).reshape([-1 if a == axis % data.ndim else 1
+                                                                 for a in range(data.ndim)])).astype(data.dtype)
+
+
+def gumbel_softmax(logits, tau=1.0, hard=True, rng=None, axis=-1, noise=None):
+    """Gumbel-softmax sample (Jang et al. 2017, Eq. 1): softmax((logits + g) / τ), g ~ Gumbel(0, 1).
+
+    ``hard=True`` returns the straight-through sample: exactly one-hot forward, gradient of the
+    soft sample backward. ``tau`` may be a Tensor (a learned or predicted temperature) that
+    broadcasts against ``logits``; its gradient flows through the soft sample. ``noise`` lets
+    tests fix g; otherwise it is drawn from ``rng``.
+    """
+    if noise is None:
+        if rng is None:
+            raise ValueError("gumbel_softmax needs an rng (or explicit noise)")
+        noise = rng.gumbel(logits.shape, logits.dtype)
+    soft = softmax((logits + noise) / tau, axis=axis)
+    if not hard:
+        return soft
+    return straight_through(soft, one_hot_argmax(soft, axis))

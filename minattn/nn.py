@@ -1,0 +1,279 @@
+"""Modules: a parameter registry plus the layers every model here is built from.
+
+A ``Module`` finds its parameters by walking its attributes (Parameters, sub-Modules, and lists or
+tuples of them), in definition order, so names are stable: ``layers.0.attn.w_q``. Arrays stored as
+attributes are buffers (e.g. a position table) and move with ``.to(device)``.
+
+Weights are created on the host from an explicit ``numpy.random.Generator`` and then moved, so a
+model initialises identically on CPU and GPU. Linear weights are stored (in, out): ``y = x @ W + b``.
+"""
+import math
+
+import numpy as np
+
+from . import backend
+from . import functional as F
+from .engine import Tensor
+
+
+class Parameter(Tensor):
+    """A leaf tensor that an optimizer updates."""
+    __slots__ = ()
+
+    def __init__(self, data):
+        super().__init__(data, requires_grad=True)
+
+
+def _is_array(v):
+    return isinstance(v, np.ndarray) or backend.device_of(v) != "cpu"
+
+
+class Module:
+    training = True
+    device = "cpu"
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    # --- the registry ----------------------------------------------------------------------------
+    def named_modules(self, prefix=""):
+        yield prefix, self
+        for name, v in vars(self).items():
+            for sub_name, m in _children(name, v, Module):
+                yield from m.named_modules(f"{prefix}{sub_name}.")
+
+    def named_parameters(self, prefix="", seen=None):
+        """(name, Parameter) pairs in definition order; a shared parameter is listed once."""
+        seen = set() if seen is None else seen
+        for name, v in vars(self).items():
+            for sub_name, item in _children(name, v, (Parameter, Module)):
+                if isinstance(item, Module):
+                    yield from item.named_parameters(f"{prefix}{sub_name}.", seen)
+                elif id(item) not in seen:
+                    seen.add(id(item))
+                    yield prefix + sub_name, item
+
+    def parameters(self):
+        return [p for _, p in self.named_parameters()]
+
+    def zero_grad(self):
+        for p in self.parameters():
+            p.grad = None
+
+    def num_parameters(self):
+        return sum(p.size for p in self.parameters())
+
+    # --- modes and devices -----------------------------------------------------------------------
+    def train(self, mode=True):
+        for _, m in self.named_modules():
+            m.training = mode
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def to(self, device=None, dtype=None):
+        """Move (and optionally cast) all parameters and buffers, in place. ``device`` is "cpu",
+        "gpu" or a registered test device; a missing GPU raises ``backend.DeviceError``."""
+        if device is not None:
+            backend.get_xp(device)  # fail early with the install hint
+        for _, m in self.named_modules():
+            for name, v in list(vars(m).items()):
+                if _is_array(v):
+                    setattr(m, name, backend.to_device(v, device or m.device,
+                                                       dtype if dtype and v.dtype.kind == "f" else None))
+            if device is not None:
+                m.device = device
+        for p in self.parameters():
+            p.data = backend.to_device(p.data, device or backend.device_of(p.data), dtype)
+            p.grad = None
+        return self
+
+    def double(self):
+        return self.to(dtype=np.float64)
+
+    def set_rng(self, rng):
+        """Give every random module (Dropout, Gumbel attention, ...) the stream ``rng``; the
+        training loop passes a fresh fork each step so a resumed run replays the same noise."""
+        for _, m in self.named_modules():
+            if "rng" in vars(m):
+                m.rng = rng
+        return self
+
+    # --- (de)serialisation -------------------------------------------------------------------------
+    def state_dict(self):
+        """Host (NumPy) copies of every parameter, by name."""
+        return {name: backend.to_numpy(p.data).copy() for name, p in self.named_parameters()}
+
+    def load_state_dict(self, state):
+        """Copy arrays into the parameters; any missing or unexpected key or shape mismatch raises a
+        ``ValueError`` naming them, before anything is changed."""
+        params = dict(self.named_parameters())
+        missing = sorted(set(params) - set(state))
+        unexpected = sorted(set(state) - set(params))
+        bad = [f"{k}: checkpoint {tuple(np.shape(state[k]))} vs model {params[k].shape}"
+               for k in params if k in state and tuple(np.shape(state[k])) != params[k].shape]
+        if missing or unexpected or bad:
+            parts = ([f"missing keys {missing}"] if missing else []) + \
+                    ([f"unexpected keys {unexpected}"] if unexpected else []) + \
+                    ([f"shape mismatch ({'; '.join(bad)})"] if bad else [])
+            raise ValueError("state_dict does not match the model: " + ", ".join(parts))
+        for k, p in params.items():
+            p.data = backend.to_device(np.asarray(state[k]), backend.device_of(p.data), p.data.dtype)
+
+
+def _children(name, v, kind):
+    if isinstance(v, kind):
+        yield name, v
+    elif isinstance(v, (list, tuple)):
+        for i, item in enumerate(v):
+            if isinstance(item, kind):
+                yield f"{name}.{i}", item
+
+
+# --- initialisers (host NumPy; fans as in PyTorch) --------------------------------------------------
+
+def uniform(rng, shape, bound):
+    return rng.uniform(-bound, bound, size=shape).astype(backend.DEFAULT_DTYPE)
+
+
+def xavier_uniform(rng, fan_in, fan_out, gain=1.0, shape=None):
+    """Glorot & Bengio (2010): U(±gain·sqrt(6/(fan_in + fan_out)))."""
+    return uniform(rng, shape or (fan_in, fan_out), gain * math.sqrt(6.0 / (fan_in + fan_out)))
+
+
+class Linear(Module):
+    """y = x @ W + b, W: (d_in, d_out). Default init is PyTorch's: U(±1/sqrt(d_in)) for W and b;
+    pass ``weight`` to override it (e.g. ``xavier_uniform(rng, d_in, d_out, gain)``)."""
+
+    def __init__(self, d_in, d_out, bias=True, rng=None, weight=None):
+        rng = rng or np.random.default_rng(0)
+        bound = 1 / math.sqrt(d_in)
+        self.weight = Parameter(weight if weight is not None else uniform(rng, (d_in, d_out), bound))
+        self.bias = Parameter(uniform(rng, (d_out,), bound)) if bias else None
+
+    def forward(self, x):
+        *lead, d_in = x.shape
+        # (..., d_in) -> (N, d_in): one 2-D matmul is much faster than a batched one (perf guide).
+        y = x.reshape(-1, d_in) @ self.weight if lead and len(lead) > 1 else x @ self.weight
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*lead, -1) if len(lead) > 1 else y
+
+
+class Embedding(Module):
+    """A lookup table (n, d); N(0, 1) init as PyTorch's (pass ``std`` for another scale)."""
+
+    def __init__(self, n, d, rng=None, std=1.0):
+        rng = rng or np.random.default_rng(0)
+        self.weight = Parameter((rng.standard_normal((n, d)) * std).astype(backend.DEFAULT_DTYPE))
+
+    def forward(self, ids):
+        return F.embedding(self.weight, ids)
+
+
+class LayerNorm(Module):
+    def __init__(self, d, eps=1e-5):
+        self.weight = Parameter(np.ones(d, dtype=backend.DEFAULT_DTYPE))
+        self.bias = Parameter(np.zeros(d, dtype=backend.DEFAULT_DTYPE))
+        self.eps = eps
+
+    def forward(self, x):
+        return F.layer_norm(x, self.weight, self.bias, self.eps)
+
+
+class Dropout(Module):
+    """Inverted dropout drawing from ``self.rng`` (set by ``Module.set_rng``); off in eval."""
+
+    def __init__(self, p, rng=None):
+        self.p, self.rng = p, rng
+
+    def forward(self, x):
+        return F.dropout(x, self.p, self.rng, training=self.training)
+
+
+class FeedForward(Module):
+    """W2 · Drop(ReLU(W1 x + b1)) + b2 (Vaswani et al. 2017, Eq. 2) with the hidden dropout."""
+
+    def __init__(self, d_model, d_ff, dropout=0.0, rng=None, gain1=1.0, gain2=1.0, xavier=False):
+        rng = rng or np.random.default_rng(0)
+        w1 = xavier_uniform(rng, d_model, d_ff, gain1) if xavier else None
+        w2 = xavier_uniform(rng, d_ff, d_model, gain2) if xavier else None
+        self.fc1 = Linear(d_model, d_ff, rng=rng, weight=w1)
+        self.fc2 = Linear(d_ff, d_model, rng=rng, weight=w2)
+        self.dropout = Dropout(dropout)
+
+    def forward(self, x):
+        return self.fc2(self.dropout(F.relu(self.fc1(x))))
+
+
+class GRUCell(Module):
+    """PyTorch's GRU cell (Cho et al. 2014):
+        r = σ(W_ir x + b_ir + W_hr h + b_hr),  z = σ(W_iz x + b_iz + W_hz h + b_hz)
+        n = tanh(W_in x + b_in + r ⊙ (W_hn h + b_hn)),  h' = (1 − z) ⊙ n + z ⊙ h
+    The three gates share one input matmul and one hidden matmul (fewer ops per time step).
+    """
+
+    def __init__(self, d_in, d_hidden, rng=None):
+        rng = rng or np.random.default_rng(0)
+        bound = 1 / math.sqrt(d_hidden)
+        self.d_hidden = d_hidden
+        self.w_ih = Parameter(uniform(rng, (d_in, 3 * d_hidden), bound))      # [r | z | n]
+        self.w_hh = Parameter(uniform(rng, (d_hidden, 3 * d_hidden), bound))
+        self.b_ih = Parameter(uniform(rng, (3 * d_hidden,), bound))
+        self.b_hh = Parameter(uniform(rng, (3 * d_hidden,), bound))
+
+    def forward(self, x, h):
+        H = self.d_hidden
+        gi = x @ self.w_ih + self.b_ih   # (B, 3H)
+        gh = h @ self.w_hh + self.b_hh   # (B, 3H)
+        rz = F.sigmoid(gi[:, :2 * H] + gh[:, :2 * H])
+        r, z = rz[:, :H], rz[:, H:]
+        n = F.tanh(gi[:, 2 * H:] + r * gh[:, 2 * H:])
+        return n + z * (h - n)           # = (1 − z) ⊙ n + z ⊙ h
+
+
+class LSTMCell(Module):
+    """PyTorch's LSTM cell (Hochreiter & Schmidhuber 1997), gates [i | f | g | o]:
+        c' = σ(f) ⊙ c + σ(i) ⊙ tanh(g),  h' = σ(o) ⊙ tanh(c').  State is the pair (h, c)."""
+
+    def __init__(self, d_in, d_hidden, rng=None):
+        rng = rng or np.random.default_rng(0)
+        bound = 1 / math.sqrt(d_hidden)
+        self.d_hidden = d_hidden
+        self.w_ih = Parameter(uniform(rng, (d_in, 4 * d_hidden), bound))
+        self.w_hh = Parameter(uniform(rng, (d_hidden, 4 * d_hidden), bound))
+        self.b_ih = Parameter(uniform(rng, (4 * d_hidden,), bound))
+        self.b_hh = Parameter(uniform(rng, (4 * d_hidden,), bound))
+
+    def forward(self, x, state):
+        h, c = state
+        H = self.d_hidden
+        gates = x @ self.w_ih + self.b_ih + h @ self.w_hh + self.b_hh   # (B, 4H)
+        ifo = F.sigmoid(gates[:, :2 * H])
+        i, f = ifo[:, :H], ifo[:, H:]
+        g = F.tanh(gates[:, 2 * H:3 * H])
+        o = F.sigmoid(gates[:, 3 * H:])
+        c = f * c + i * g
+        return o * F.tanh(c), c
+
+
+def sinusoidal_positions(positions, d, layout="interleaved", dtype=None):
+    """Sinusoidal position encodings (Vaswani et al. 2017, §3.5), one row per position.
+
+    ``positions``: an int n (positions 0..n−1) or an array of (possibly negative) positions.
+    ``layout="interleaved"``: PE[p, 2i] = sin(p/10000^(2i/d)), PE[p, 2i+1] = cos(...) (NDR paper);
+    ``layout="concat"``: [sin(...) for all i | cos(...) for all i] (the Abstractor's code).
+    """
+    pos = np.arange(positions) if np.isscalar(positions) else np.asarray(positions)
+    freq = 10000.0 ** (-np.arange(0, d, 2) / d)          # (d/2,)
+    angle = pos[:, None].astype(np.float64) * freq       # (P, d/2)
+    if layout == "interleaved":
+        pe = np.zeros((len(pos), d))
+        pe[:, 0::2] = np.sin(angle)
+        pe[:, 1::2] = np.cos(angle)[:, :d // 2]
+    elif layout == "concat":
+        pe = np.concatenate([np.sin(angle), np.cos(angle)], axis=1)[:, :d]
+    else:
+        raise ValueError(f"unknown layout {layout!r}; use 'interleaved' or 'concat'")
+    return pe.astype(dtype or backend.DEFAULT_DTYPE)

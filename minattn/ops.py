@@ -1,0 +1,765 @@
+"""Primitive differentiable operations: a ``Function`` subclass each, forward and backward side by side.
+
+Every op works on raw NumPy/CuPy arrays; ``xp = array_module(x)`` picks the module when an op must
+create an array. Backward functions never write into ``gy`` (the engine may have handed the same
+array to several nodes). Broadcasting is undone once, in the engine (``sum_to``), so binary ops
+simply return gradients of the broadcast shape.
+
+Sections: elementwise binary, elementwise unary, reductions, matmul, shape and indexing, fused
+normalising ops (softmax, log_softmax, cross-entropy, layer norm), embedding, straight-through.
+Softmax, log_softmax and cross-entropy are fused for numerical stability (max-subtraction) and
+speed; ``tests/test_ops.py`` checks them against their composite definitions.
+"""
+import numpy as np
+
+from .backend import array_module
+from .engine import Function, Tensor
+
+
+def _is_scalar(x):
+    t = type(x)
+    return t is float or t is int or isinstance(x, np.generic)
+
+
+def _needs_grad(fn, i):
+    return fn.inputs[i].requires_grad
+
+
+# ---------------------------------------------------------------------------------------------
+# Elementwise binary (broadcasting)
+# ---------------------------------------------------------------------------------------------
+
+class Add(Function):
+    def forward(self, a, b):
+        return a + b
+
+    def backward(self, gy):
+        return gy, gy
+
+
+class Sub(Function):
+    def forward(self, a, b):
+        return a - b
+
+    def backward(self, gy):
+        return gy, -gy
+
+
+class Mul(Function):
+    def forward(self, a, b):
+        self.a, self.b = a, b
+        return a * b
+
+    def backward(self, gy):
+        return (gy * self.b if _needs_grad(self, 0) else None,
+                gy * self.a if _needs_grad(self, 1) else None)
+
+
+class Div(Function):
+    def forward(self, a, b):
+        self.b = b
+        self.y = a / b
+        return self.y
+
+    def backward(self, gy):
+        ga = gy / self.b
+        return ga, (-ga * self.y if _needs_grad(self, 1) else None)
+
+
+class Maximum(Function):
+    def forward(self, a, b):
+        self.mask = a >= b  # ties go to a
+        return array_module(a).maximum(a, b)
+
+    def backward(self, gy):
+        return gy * self.mask, gy * ~self.mask
+
+
+class Minimum(Function):
+    def forward(self, a, b):
+        self.mask = a <= b  # ties go to a
+        return array_module(a).minimum(a, b)
+
+    def backward(self, gy):
+        return gy * self.mask, gy * ~self.mask
+
+
+class AddScalar(Function):
+    def __init__(self, c):
+        self.c = c
+
+    def forward(self, x):
+        return x + self.c
+
+    def backward(self, gy):
+        return gy
+
+
+class MulScalar(Function):
+    def __init__(self, c):
+        self.c = c
+
+    def forward(self, x):
+        return x * self.c
+
+    def backward(self, gy):
+        return gy * self.c
+
+
+class PowScalar(Function):
+    def __init__(self, p):
+        self.p = p
+
+    def forward(self, x):
+        self.x = x
+        return x ** self.p
+
+    def backward(self, gy):
+        return gy * (self.p * self.x ** (self.p - 1))
+
+
+class Where(Function):
+    """where(cond, a, b); ``cond`` is a plain boolean array (no gradient)."""
+
+    def __init__(self, cond):
+        self.cond = cond
+
+    def forward(self, a, b):
+        return array_module(a).where(self.cond, a, b)
+
+    def backward(self, gy):
+        zero = gy.dtype.type(0)
+        xp = array_module(gy)
+        return (xp.where(self.cond, gy, zero) if _needs_grad(self, 0) else None,
+                xp.where(self.cond, zero, gy) if _needs_grad(self, 1) else None)
+
+
+class MaskedFill(Function):
+    """x with ``value`` wherever ``mask`` is true; the filled entries get no gradient."""
+
+    def __init__(self, mask, value):
+        self.mask, self.value = mask, value
+
+    def forward(self, x):
+        xp = array_module(x)
+        return xp.where(self.mask, xp.asarray(self.value, dtype=x.dtype), x)
+
+    def backward(self, gy):
+        return array_module(gy).where(self.mask, gy.dtype.type(0), gy)
+
+
+def add(a, b):
+    if _is_scalar(b):
+        return AddScalar(b)(a)
+    if _is_scalar(a):
+        return AddScalar(a)(b)
+    return Add()(a, b)
+
+
+def sub(a, b):
+    if _is_scalar(b):
+        return AddScalar(-b)(a)
+    if _is_scalar(a):
+        return AddScalar(a)(MulScalar(-1)(b))
+    return Sub()(a, b)
+
+
+def mul(a, b):
+    if _is_scalar(b):
+        return MulScalar(b)(a)
+    if _is_scalar(a):
+        return MulScalar(a)(b)
+    return Mul()(a, b)
+
+
+def div(a, b):
+    if _is_scalar(b):
+        return MulScalar(1.0 / b)(a)
+    if _is_scalar(a):
+        return MulScalar(a)(PowScalar(-1)(b))
+    return Div()(a, b)
+
+
+def pow(x, p):
+    if not _is_scalar(p):
+        raise TypeError("pow: only scalar exponents are supported (use exp(p * log(x)) for tensors)")
+    return PowScalar(p)(x)
+
+
+def maximum(a, b):
+    return Maximum()(a, b)
+
+
+def minimum(a, b):
+    return Minimum()(a, b)
+
+
+def where(cond, a, b):
+    cond = cond.data if isinstance(cond, Tensor) else cond
+    if _is_scalar(a) or _is_scalar(b):
+        if _is_scalar(a) and _is_scalar(b):
+            raise TypeError("where: at least one of a, b must be a tensor")
+        if _is_scalar(a):
+            return MaskedFill(cond, a)(b)
+        return MaskedFill(~cond, b)(a)
+    return Where(cond)(a, b)
+
+
+def masked_fill(x, mask, value):
+    """Fill ``x`` with the scalar ``value`` where ``mask`` (broadcastable boolean array) is true."""
+    return MaskedFill(mask.data if isinstance(mask, Tensor) else mask, value)(x)
+
+
+# ---------------------------------------------------------------------------------------------
+# Elementwise unary
+# ---------------------------------------------------------------------------------------------
+
+class Neg(Function):
+    def forward(self, x):
+        return -x
+
+    def backward(self, gy):
+        return -gy
+
+
+class Exp(Function):
+    def forward(self, x):
+        self.y = array_module(x).exp(x)
+        return self.y
+
+    def backward(self, gy):
+        return gy * self.y
+
+
+class Log(Function):
+    def forward(self, x):
+        self.x = x
+        return array_module(x).log(x)
+
+    def backward(self, gy):
+        return gy / self.x
+
+
+class Sqrt(Function):
+    def forward(self, x):
+        self.y = array_module(x).sqrt(x)
+        return self.y
+
+    def backward(self, gy):
+        return gy * 0.5 / self.y
+
+
+class Abs(Function):
+    def forward(self, x):
+        self.x = x
+        return array_module(x).abs(x)
+
+    def backward(self, gy):
+        return gy * array_module(gy).sign(self.x)
+
+
+class Tanh(Function):
+    def forward(self, x):
+        self.y = array_module(x).tanh(x)
+        return self.y
+
+    def backward(self, gy):
+        return gy * (1 - self.y * self.y)
+
+
+class Sigmoid(Function):
+    def forward(self, x):
+        # 0.5·(1 + tanh(x/2)) equals 1/(1+e^-x) but never overflows (no warnings at ±1000).
+        self.y = 0.5 * (array_module(x).tanh(0.5 * x) + 1)
+        return self.y
+
+    def backward(self, gy):
+        return gy * self.y * (1 - self.y)
+
+
+class ReLU(Function):
+    def forward(self, x):
+        self.mask = x > 0
+        return x * self.mask
+
+    def backward(self, gy):
+        return gy * self.mask
+
+
+class Softplus(Function):
+    """log(1 + e^x), computed as logaddexp(0, x) so it is finite for any x."""
+
+    def forward(self, x):
+        self.x = x
+        return array_module(x).logaddexp(x.dtype.type(0), x)
+
+    def backward(self, gy):
+        return gy * (0.5 * (array_module(gy).tanh(0.5 * self.x) + 1))  # sigmoid(x)
+
+
+class LogSigmoid(Function):
+    """log σ(x) = −softplus(−x); fused so log σ(−1000) = −1000 instead of log(0)."""
+
+    def forward(self, x):
+        self.x = x
+        return -array_module(x).logaddexp(x.dtype.type(0), -x)
+
+    def backward(self, gy):
+        return gy * (0.5 * (1 - array_module(gy).tanh(0.5 * self.x)))  # 1 − σ(x) = σ(−x)
+
+
+def neg(x):
+    return Neg()(x)
+
+
+def exp(x):
+    return Exp()(x)
+
+
+def log(x):
+    return Log()(x)
+
+
+def sqrt(x):
+    return Sqrt()(x)
+
+
+def abs(x):  # noqa: A001 (mirrors numpy's name)
+    return Abs()(x)
+
+
+def tanh(x):
+    return Tanh()(x)
+
+
+def sigmoid(x):
+    return Sigmoid()(x)
+
+
+def relu(x):
+    return ReLU()(x)
+
+
+def softplus(x):
+    return Softplus()(x)
+
+
+def logsigmoid(x):
+    return LogSigmoid()(x)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reductions
+# ---------------------------------------------------------------------------------------------
+
+def _expand_reduced(g, shape, axis, keepdims):
+    """Bring a reduced gradient back to a shape that broadcasts against the input."""
+    if axis is None or keepdims:
+        return g if axis is not None else g.reshape((1,) * len(shape))
+    axes = (axis,) if isinstance(axis, int) else axis
+    axes = sorted(a % len(shape) for a in axes)
+    for a in axes:
+        g = array_module(g).expand_dims(g, a)
+    return g
+
+
+class Sum(Function):
+    def __init__(self, axis=None, keepdims=False):
+        self.axis, self.keepdims = axis, keepdims
+
+    def forward(self, x):
+        self.shape = x.shape
+        return x.sum(axis=self.axis, keepdims=self.keepdims)
+
+    def backward(self, gy):
+        g = _expand_reduced(gy, self.shape, self.axis, self.keepdims)
+        return array_module(gy).broadcast_to(g, self.shape)
+
+
+class Mean(Sum):
+    def forward(self, x):
+        y = super().forward(x)
+        self.n = x.size // y.size if y.size else 1
+        return y / self.n
+
+    def backward(self, gy):
+        return super().backward(gy / self.n)
+
+
+class Max(Function):
+    """max over axes; the gradient is shared equally among tied maxima."""
+
+    def __init__(self, axis=None, keepdims=False):
+        self.axis, self.keepdims = axis, keepdims
+
+    def forward(self, x):
+        y = x.max(axis=self.axis, keepdims=True)
+        self.mask = x == y
+        if self.keepdims:
+            return y
+        return y.reshape(()) if self.axis is None else y.squeeze(axis=self.axis)
+
+    def backward(self, gy):
+        g = _expand_reduced(gy, self.mask.shape, self.axis, self.keepdims)
+        count = self.mask.sum(axis=self.axis, keepdims=True)
+        return (self.mask * g / count).astype(gy.dtype)
+
+
+class Cumsum(Function):
+    """Inclusive cumulative sum along ``axis``; ``reverse=True`` sums from the end."""
+
+    def __init__(self, axis, reverse=False):
+        self.axis, self.reverse = axis, reverse
+
+    def forward(self, x):
+        return _cumsum(x, self.axis, self.reverse)
+
+    def backward(self, gy):
+        return _cumsum(gy, self.axis, not self.reverse)
+
+
+def _cumsum(x, axis, reverse):
+    xp = array_module(x)
+    if not reverse:
+        return xp.cumsum(x, axis=axis)
+    return xp.flip(xp.cumsum(xp.flip(x, axis=axis), axis=axis), axis=axis)
+
+
+def sum(x, axis=None, keepdims=False):  # noqa: A001
+    return Sum(axis, keepdims)(x)
+
+
+def mean(x, axis=None, keepdims=False):
+    return Mean(axis, keepdims)(x)
+
+
+def max(x, axis=None, keepdims=False):  # noqa: A001
+    return Max(axis, keepdims)(x)
+
+
+def cumsum(x, axis=-1, reverse=False):
+    return Cumsum(axis, reverse)(x)
+
+
+# ---------------------------------------------------------------------------------------------
+# Matrix product
+# ---------------------------------------------------------------------------------------------
+
+class MatMul(Function):
+    """Batched a @ b for a (..., m, k), b (..., k, n); batch dims broadcast."""
+
+    def forward(self, a, b):
+        if a.ndim < 2 or b.ndim < 2:
+            raise ValueError(f"matmul needs at least 2-D operands, got shapes {a.shape} and {b.shape}")
+        self.a, self.b = a, b
+        return a @ b
+
+    def backward(self, gy):
+        return (gy @ self.b.swapaxes(-1, -2) if _needs_grad(self, 0) else None,
+                self.a.swapaxes(-1, -2) @ gy if _needs_grad(self, 1) else None)
+
+
+def matmul(a, b):
+    return MatMul()(a, b)
+
+
+# ---------------------------------------------------------------------------------------------
+# Shape and indexing
+# ---------------------------------------------------------------------------------------------
+
+class Reshape(Function):
+    def __init__(self, shape):
+        self.shape = tuple(shape)
+
+    def forward(self, x):
+        self.in_shape = x.shape
+        return x.reshape(self.shape)
+
+    def backward(self, gy):
+        return gy.reshape(self.in_shape)
+
+
+class Transpose(Function):
+    def __init__(self, axes):
+        self.axes = tuple(axes) or None
+
+    def forward(self, x):
+        if self.axes is None:
+            self.axes = tuple(reversed(range(x.ndim)))
+        return x.transpose(self.axes)
+
+    def backward(self, gy):
+        return gy.transpose(tuple(np.argsort(self.axes)))
+
+
+class SwapAxes(Function):
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+    def forward(self, x):
+        return x.swapaxes(self.a, self.b)
+
+    def backward(self, gy):
+        return gy.swapaxes(self.a, self.b)
+
+
+def _is_advanced(index):
+    return any(hasattr(i, "shape") or isinstance(i, (list, Tensor)) for i in index)
+
+
+class GetItem(Function):
+    """x[index] with basic (slices, ints, None, ...) or integer/boolean-array indexing."""
+
+    def __init__(self, index):
+        index = index if isinstance(index, tuple) else (index,)
+        self.index = tuple(i.data if isinstance(i, Tensor) else i for i in index)
+
+    def forward(self, x):
+        self.shape, self.dtype = x.shape, x.dtype
+        return x[self.index]
+
+    def backward(self, gy):
+        xp = array_module(gy)
+        gx = xp.zeros(self.shape, dtype=self.dtype)
+        if _is_advanced(self.index):
+            xp.add.at(gx, self.index, gy)  # repeated indices must accumulate
+        else:
+            gx[self.index] = gy
+        return gx
+
+
+class Concat(Function):
+    def __init__(self, axis):
+        self.axis = axis
+
+    def forward(self, *xs):
+        self.sizes = [x.shape[self.axis] for x in xs]
+        return array_module(xs[0]).concatenate(xs, axis=self.axis)
+
+    def backward(self, gy):
+        xp = array_module(gy)
+        return tuple(xp.split(gy, np.cumsum(self.sizes)[:-1].tolist(), axis=self.axis))
+
+
+class Stack(Function):
+    def __init__(self, axis):
+        self.axis = axis
+
+    def forward(self, *xs):
+        return array_module(xs[0]).stack(xs, axis=self.axis)
+
+    def backward(self, gy):
+        n = gy.shape[self.axis]
+        return tuple(gy.take(i, axis=self.axis) for i in range(n))
+
+
+class BroadcastTo(Function):
+    def __init__(self, shape):
+        self.shape = tuple(shape)
+
+    def forward(self, x):
+        return array_module(x).broadcast_to(x, self.shape)
+
+    def backward(self, gy):
+        return gy  # the engine sums it back to the input's shape
+
+
+def reshape(x, shape):
+    return Reshape(shape)(x)
+
+
+def transpose(x, axes=()):
+    return Transpose(axes)(x)
+
+
+def swapaxes(x, a, b):
+    return SwapAxes(a, b)(x)
+
+
+def getitem(x, index):
+    return GetItem(index)(x)
+
+
+def concat(xs, axis=0):
+    return Concat(axis)(*xs)
+
+
+def stack(xs, axis=0):
+    return Stack(axis)(*xs)
+
+
+def broadcast_to(x, shape):
+    return BroadcastTo(shape)(x)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fused normalising ops
+# ---------------------------------------------------------------------------------------------
+
+class Softmax(Function):
+    """softmax along ``axis``. A row whose entries are all −inf (fully masked) gives zeros, not NaN."""
+
+    def __init__(self, axis=-1):
+        self.axis = axis
+
+    def forward(self, x):
+        xp = array_module(x)
+        m = x.max(axis=self.axis, keepdims=True)
+        m = xp.where(xp.isfinite(m), m, x.dtype.type(0))
+        e = xp.exp(x - m)
+        s = e.sum(axis=self.axis, keepdims=True)
+        self.y = e / xp.where(s > 0, s, x.dtype.type(1))
+        return self.y
+
+    def backward(self, gy):
+        y = self.y
+        return y * (gy - (gy * y).sum(axis=self.axis, keepdims=True))
+
+
+def _logsumexp(x, axis):
+    xp = array_module(x)
+    m = x.max(axis=axis, keepdims=True)
+    m = xp.where(xp.isfinite(m), m, x.dtype.type(0))
+    return xp.log(xp.exp(x - m).sum(axis=axis, keepdims=True)) + m
+
+
+class LogSoftmax(Function):
+    def __init__(self, axis=-1):
+        self.axis = axis
+
+    def forward(self, x):
+        self.y = x - _logsumexp(x, self.axis)
+        return self.y
+
+    def backward(self, gy):
+        xp = array_module(gy)
+        return gy - xp.exp(self.y) * gy.sum(axis=self.axis, keepdims=True)
+
+
+class CrossEntropy(Function):
+    """Mean over targets of −log softmax(logits)[target], fused (log-sum-exp, one pass back).
+
+    logits (..., C), targets (...) integer; targets equal to ``ignore_index`` are left out of the
+    mean. With nothing left the loss is 0 (not NaN).
+    """
+
+    def __init__(self, targets, ignore_index=None):
+        self.targets, self.ignore_index = targets, ignore_index
+
+    def forward(self, x):
+        xp = array_module(x)
+        C = x.shape[-1]
+        t = self.targets
+        if t.shape != x.shape[:-1]:
+            raise ValueError(f"cross_entropy: targets shape {t.shape} does not match logits {x.shape[:-1]}")
+        valid = t != self.ignore_index if self.ignore_index is not None else xp.ones(t.shape, dtype=bool)
+        if xp is np and (valid.any() and (t[valid].min() < 0 or t[valid].max() >= C)):
+            raise ValueError(f"cross_entropy: target out of range [0, {C})")
+        t = xp.where(valid, t, 0)
+        self.lse = _logsumexp(x, -1)
+        self.onehot = t[..., None] == xp.arange(C)
+        picked = (x * self.onehot).sum(axis=-1)
+        # Divide by the count on the device (no host sync); an empty batch gives loss 0.
+        self.weight = valid.astype(x.dtype) / xp.maximum(valid.sum(), 1).astype(x.dtype)
+        self.x = x
+        return ((self.lse[..., 0] - picked) * self.weight).sum()
+
+    def backward(self, gy):
+        xp = array_module(gy)
+        p = xp.exp(self.x - self.lse)
+        return (p - self.onehot) * (self.weight * gy)[..., None]
+
+
+class LayerNorm(Function):
+    """(x − mean)/sqrt(var + eps) · weight + bias over the last axis (biased variance, as PyTorch)."""
+
+    def __init__(self, eps=1e-5):
+        self.eps = eps
+
+    def forward(self, x, weight, bias):
+        xp = array_module(x)
+        mu = x.mean(axis=-1, keepdims=True)
+        xc = x - mu
+        var = (xc * xc).mean(axis=-1, keepdims=True)
+        self.rstd = 1 / xp.sqrt(var + x.dtype.type(self.eps))
+        self.xhat = xc * self.rstd
+        self.weight = weight
+        return self.xhat * weight + bias
+
+    def backward(self, gy):
+        xhat = self.xhat
+        lead = tuple(range(gy.ndim - 1))
+        gw = (gy * xhat).sum(axis=lead)
+        gb = gy.sum(axis=lead)
+        gh = gy * self.weight
+        gx = self.rstd * (gh - gh.mean(axis=-1, keepdims=True) - xhat * (gh * xhat).mean(axis=-1, keepdims=True))
+        return gx, gw, gb
+
+
+def softmax(x, axis=-1):
+    return Softmax(axis)(x)
+
+
+def log_softmax(x, axis=-1):
+    return LogSoftmax(axis)(x)
+
+
+def cross_entropy(logits, targets, ignore_index=None):
+    return CrossEntropy(targets.data if isinstance(targets, Tensor) else targets, ignore_index)(logits)
+
+
+def layer_norm_fused(x, weight, bias, eps=1e-5):
+    return LayerNorm(eps)(x, weight, bias)
+
+
+# ---------------------------------------------------------------------------------------------
+# Embedding lookup and straight-through
+# ---------------------------------------------------------------------------------------------
+
+class Embedding(Function):
+    """weight[ids]; the backward scatters rows back with add.at (repeated ids accumulate)."""
+
+    def __init__(self, ids):
+        self.ids = ids
+
+    def forward(self, weight):
+        self.shape = weight.shape
+        return weight[self.ids]
+
+    def backward(self, gy):
+        xp = array_module(gy)
+        gw = xp.zeros(self.shape, dtype=gy.dtype)
+        xp.add.at(gw, self.ids.ravel(), gy.reshape(-1, self.shape[1]))
+        return gw
+
+
+class StraightThrough(Function):
+    """Forward: the given ``hard`` array exactly. Backward: the gradient passes to ``soft`` unchanged.
+
+    This is the straight-through estimator (Bengio et al. 2013) as used by Gumbel-softmax
+    (Jang et al. 2017): the forward value is exactly one-hot, the backward is the soft sample's.
+    """
+
+    def __init__(self, hard):
+        self.hard = hard
+
+    def forward(self, soft):
+        return self.hard.astype(soft.dtype)
+
+    def backward(self, gy):
+        return gy
+
+
+def embedding(weight, ids):
+    ids = ids.data if isinstance(ids, Tensor) else ids
+    if array_module(ids) is np and ids.size:
+        if ids.dtype.kind not in "iu":
+            raise TypeError(f"embedding: ids must be integers, got {ids.dtype}")
+        if ids.min() < 0 or ids.max() >= weight.shape[0]:
+            raise ValueError(f"embedding: token id out of vocabulary: ids must lie in [0, {weight.shape[0]}), "
+                             f"got [{ids.min()}, {ids.max()}]")
+    return Embedding(ids)(weight)
+
+
+def straight_through(soft, hard):
+    return StraightThrough(hard.data if isinstance(hard, Tensor) else hard)(soft)

@@ -1,0 +1,203 @@
+"""The gradient-check table: every op and every module is a row, checked on every device.
+
+A row is (name, fn, make_inputs[, make_module]): ``make_inputs(rng)`` returns host arrays (float
+arrays become float64 tensors that require grad; integer arrays stay constants), ``fn`` maps the
+device tensors (and the module) to one output tensor. Inputs keep away from kinks (ReLU at 0, ties
+in max/abs, log/sqrt near 0). Adding a variant = adding a row.
+"""
+import numpy as np
+import pytest
+
+from minattn import backend, nn
+from minattn import functional as F
+from minattn.engine import Function, Tensor
+from minattn.gradcheck import GradcheckError, check_backward
+from minattn.ops import Softmax
+
+
+def N(*shape):
+    return lambda rng: rng.standard_normal(shape)
+
+
+def away_from_zero(*shape):
+    """Normal samples with |x| ≥ 0.1 (for relu, abs, maximum ties)."""
+    def make(rng):
+        x = rng.standard_normal(shape)
+        return np.where(np.abs(x) < 0.1, 0.5, x)
+    return make
+
+
+def positive(*shape):
+    return lambda rng: rng.uniform(0.5, 2.0, shape)
+
+
+def inputs(*makers):
+    return lambda rng: [m(rng) for m in makers]
+
+
+def const(x):
+    """A constant input (no gradient), e.g. integer ids or a mask."""
+    return lambda rng: x
+
+
+def dropout_fn(x):
+    # A fresh RNG per call makes the mask identical in every finite-difference evaluation.
+    return F.dropout(x, 0.3, backend.RNG(1, backend.device_of(x.data)), training=True)
+
+
+MASK = np.array([[True, False, True, False], [False, False, True, True], [True, True, True, False]])
+
+OPS = [
+    ("add_broadcast", lambda a, b: a + b, inputs(N(2, 3, 4), N(3, 1))),
+    ("sub_broadcast", lambda a, b: a - b, inputs(N(3, 4), N(4))),
+    ("mul_broadcast", lambda a, b: a * b, inputs(N(2, 1, 4), N(3, 1))),
+    ("div_broadcast", lambda a, b: a / b, inputs(N(3, 4), positive(4))),
+    ("radd_scalar", lambda a: 2.0 + a, inputs(N(3, 4))),
+    ("rsub_scalar", lambda a: 2.0 - a, inputs(N(3, 4))),
+    ("mul_scalar", lambda a: a * 3.0, inputs(N(3, 4))),
+    ("rdiv_scalar", lambda a: 3.0 / a, inputs(positive(3, 4))),
+    ("div_scalar", lambda a: a / 4.0, inputs(N(3, 4))),
+    ("pow_int", lambda a: a ** 3, inputs(N(3, 4))),
+    ("pow_frac", lambda a: a ** 0.5, inputs(positive(3, 4))),
+    ("neg", lambda a: -a, inputs(N(3, 4))),
+    ("exp", lambda a: a.exp(), inputs(N(3, 4))),
+    ("log", lambda a: a.log(), inputs(positive(3, 4))),
+    ("sqrt", lambda a: a.sqrt(), inputs(positive(3, 4))),
+    ("abs", lambda a: a.abs(), inputs(away_from_zero(3, 4))),
+    ("tanh", lambda a: a.tanh(), inputs(N(3, 4))),
+    ("sigmoid", lambda a: a.sigmoid(), inputs(N(3, 4))),
+    ("relu", lambda a: a.relu(), inputs(away_from_zero(3, 4))),
+    ("softplus", F.softplus, inputs(N(3, 4))),
+    ("logsigmoid", F.logsigmoid, inputs(N(3, 4))),
+    ("maximum", F.maximum, inputs(away_from_zero(3, 4), const(np.zeros(4)))),
+    ("maximum_both", lambda a, b: F.maximum(a, b), inputs(N(3, 4), lambda r: r.standard_normal((3, 4)) + 0.3)),
+    ("minimum_broadcast", F.minimum, inputs(N(3, 4), lambda r: r.standard_normal(4) + 0.3)),
+    ("where", lambda a, b, m: F.where(m, a, b), inputs(N(3, 4), N(4), const(MASK))),
+    ("where_scalar", lambda a, m: F.where(m, a, 0.5), inputs(N(3, 4), const(MASK))),
+    ("masked_fill", lambda a, m: F.masked_fill(a, m, 3.0).sum(axis=1), inputs(N(3, 2, 4), const(MASK[:, None]))),
+    ("sum_all", lambda a: a.sum(), inputs(N(3, 4))),
+    ("sum_axis", lambda a: a.sum(axis=1), inputs(N(2, 3, 4))),
+    ("sum_axes_keepdims", lambda a: a.sum(axis=(0, 2), keepdims=True), inputs(N(2, 3, 4))),
+    ("mean_axis", lambda a: a.mean(axis=-1), inputs(N(2, 3, 4))),
+    ("mean_all", lambda a: a.mean(), inputs(N(2, 3))),
+    ("max_axis", lambda a: a.max(axis=1), inputs(N(2, 5, 3))),
+    ("max_keepdims", lambda a: a.max(axis=-1, keepdims=True), inputs(N(3, 4))),
+    ("max_all", lambda a: a.max(), inputs(N(3, 4))),
+    ("cumsum", lambda a: F.cumsum(a, axis=1), inputs(N(2, 5, 3))),
+    ("cumsum_reverse", lambda a: F.cumsum(a, axis=-1, reverse=True), inputs(N(2, 5))),
+    ("matmul", lambda a, b: a @ b, inputs(N(2, 3, 4), N(4, 5))),
+    ("matmul_batch_broadcast", lambda a, b: a @ b, inputs(N(2, 1, 3, 4), N(3, 4, 2))),
+    ("reshape", lambda a: a.reshape(4, 6) * a.reshape(4, 6), inputs(N(2, 3, 4))),
+    ("transpose", lambda a: a.transpose(2, 0, 1), inputs(N(2, 3, 4))),
+    ("transpose_T", lambda a: a.T, inputs(N(3, 4))),
+    ("swapaxes", lambda a: a.swapaxes(-1, -2), inputs(N(2, 3, 4))),
+    ("getitem_basic", lambda a: a[1:, None, ::2, 0], inputs(N(3, 4, 5))),
+    ("getitem_int_array_repeats", lambda a, i: a[i], inputs(N(4, 3), const(np.array([0, 2, 2, 3, 0])))),
+    ("getitem_mixed", lambda a, i: a[:, i], inputs(N(2, 4, 3), const(np.array([[1, 1], [3, 0]])))),
+    ("getitem_bool", lambda a, m: a[m], inputs(N(3, 4), const(MASK))),
+    ("concat", lambda a, b: F.concat([a, b, a], axis=1), inputs(N(2, 3), N(2, 2))),
+    ("stack", lambda a, b: F.stack([a, b], axis=1), inputs(N(2, 3), N(2, 3))),
+    ("broadcast_to", lambda a: F.broadcast_to(a, (2, 3, 4)), inputs(N(3, 1))),
+    ("softmax", F.softmax, inputs(N(3, 5))),
+    ("softmax_axis0", lambda a: F.softmax(a, axis=0), inputs(N(3, 5))),
+    ("softmax_masked", lambda a, m: F.softmax(F.masked_fill(a, ~m, -1e9)), inputs(N(3, 4), const(MASK))),
+    ("log_softmax", F.log_softmax, inputs(N(3, 5))),
+    ("cross_entropy", lambda a, t: F.cross_entropy(a, t), inputs(N(4, 5), const(np.array([0, 4, 2, 2])))),
+    ("cross_entropy_3d_ignore", lambda a, t: F.cross_entropy(a, t, ignore_index=-1),
+     inputs(N(2, 3, 5), const(np.array([[1, -1, 4], [0, 3, -1]])))),
+    ("layer_norm", F.layer_norm, inputs(N(2, 3, 6), N(6), N(6))),
+    ("layer_norm_reference", F.layer_norm_reference, inputs(N(2, 3, 6), N(6), N(6))),
+    ("embedding_repeats", lambda w, i: F.embedding(w, i), inputs(N(5, 3), const(np.array([[0, 4, 4], [2, 0, 0]])))),
+    ("dropout", dropout_fn, inputs(N(4, 5))),
+    ("gumbel_softmax_soft", lambda a, g: F.gumbel_softmax(a, tau=0.7, hard=False, noise=g),
+     inputs(N(3, 5), N(3, 5))),
+    ("gumbel_softmax_soft_tau_tensor", lambda a, tau, g: F.gumbel_softmax(a, tau=tau, hard=False, noise=g),
+     inputs(N(3, 5), positive(3, 1), N(3, 5))),
+]
+
+
+MODULES = [
+    ("Linear", lambda m, x: m(x), lambda rng: nn.Linear(4, 3, rng=rng), inputs(N(2, 4))),
+    ("Linear_3d", lambda m, x: m(x), lambda rng: nn.Linear(4, 3, rng=rng), inputs(N(2, 5, 4))),
+    ("Linear_nobias", lambda m, x: m(x), lambda rng: nn.Linear(4, 3, bias=False, rng=rng), inputs(N(2, 4))),
+    ("Embedding", lambda m, i: m(i), lambda rng: nn.Embedding(6, 3, rng=rng), inputs(const(np.array([[1, 5, 1]])))),
+    ("LayerNorm", lambda m, x: m(x), lambda rng: nn.LayerNorm(5), inputs(N(2, 3, 5))),
+    ("FeedForward", lambda m, x: m(x), lambda rng: nn.FeedForward(4, 8, rng=rng), inputs(N(2, 3, 4))),
+    ("FeedForward_xavier", lambda m, x: m(x), lambda rng: nn.FeedForward(4, 8, rng=rng, xavier=True, gain1=2 ** .5),
+     inputs(N(2, 3, 4))),
+    ("GRUCell", lambda m, x, h: m(x, h), lambda rng: nn.GRUCell(4, 3, rng=rng), inputs(N(2, 4), N(2, 3))),
+    ("GRUCell_unrolled", lambda m, x, h: m(x[:, 1], m(x[:, 0], h)), lambda rng: nn.GRUCell(4, 3, rng=rng),
+     inputs(N(2, 2, 4), N(2, 3))),
+    ("LSTMCell", lambda m, x, h, c: F.concat(list(m(x, (h, c))), axis=-1), lambda rng: nn.LSTMCell(4, 3, rng=rng),
+     inputs(N(2, 4), N(2, 3), N(2, 3))),
+]
+
+
+def _to(arrays, device):
+    return [backend.to_device(a, device) for a in arrays]
+
+
+@pytest.mark.parametrize("name,fn,make", OPS, ids=[r[0] for r in OPS])
+def test_op_gradients(name, fn, make, device):
+    rng = np.random.default_rng(0)
+    check_backward(fn, _to(make(rng), device))
+
+
+@pytest.mark.parametrize("name,fn,make_module,make", MODULES, ids=[r[0] for r in MODULES])
+def test_module_gradients(name, fn, make_module, make, device):
+    rng = np.random.default_rng(0)
+    module = make_module(rng).to(device)
+    check_backward(lambda *xs: fn(module, *xs), _to(make(rng), device), params=module)
+
+
+# --- the checker itself must be able to fail --------------------------------------------------
+
+class _SoftmaxDropsTerm(Softmax):
+    def backward(self, gy):
+        return self.y * gy  # the correct rule also subtracts y·Σ(gy·y)
+
+
+class _SoftmaxZeroGrad(Softmax):
+    def backward(self, gy):
+        return gy * 0  # passes an all-ones upstream gradient, since Σ softmax = 1
+
+
+@pytest.mark.parametrize("bad", [_SoftmaxDropsTerm, _SoftmaxZeroGrad])
+def test_checker_catches_planted_wrong_backward(bad):
+    x = np.random.default_rng(0).standard_normal((3, 5))
+    with pytest.raises(GradcheckError, match="numeric .* vs analytic"):
+        check_backward(lambda a: bad(-1)(a), [x])
+    check_backward(lambda a: Softmax(-1)(a), [x])  # the honest op passes on the same input
+
+
+def test_checker_elementwise_mode_names_the_entry():
+    x = np.random.default_rng(0).standard_normal((2, 3))
+    with pytest.raises(GradcheckError, match="entry"):
+        check_backward(lambda a: _SoftmaxDropsTerm(-1)(a), [x], elementwise=True)
+
+
+def test_checker_catches_a_wrong_parameter_gradient():
+    lin = nn.Linear(3, 2)
+
+    class Wrong(nn.Module):
+        def __init__(self):
+            self.lin = lin
+
+        def forward(self, x):
+            return x @ Tensor(self.lin.weight.data) + self.lin.bias  # weight silently detached
+
+    model = Wrong()
+    with pytest.raises(GradcheckError, match="weight"):
+        check_backward(model, [np.ones((2, 3))], params=model)
+
+
+def test_checker_rejects_float32_computation():
+    class ToFloat32(Function):
+        def forward(self, x):
+            return x.astype(np.float32)
+
+        def backward(self, gy):
+            return gy.astype(np.float64)
+
+    with pytest.raises(GradcheckError, match="float32"):
+        check_backward(lambda a: ToFloat32()(a), [np.ones(3)])

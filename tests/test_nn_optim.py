@@ -1,0 +1,210 @@
+"""Modules (registry, state_dict, devices), position tables, optimizers and clipping."""
+import math
+
+import numpy as np
+import pytest
+
+from minattn import backend, nn, optim
+from minattn import functional as F
+from minattn.engine import Tensor
+
+
+class TwoLayer(nn.Module):
+    def __init__(self, rng=None):
+        rng = rng or np.random.default_rng(0)
+        self.blocks = [nn.Linear(3, 4, rng=rng), nn.Linear(4, 2, rng=rng)]
+        self.norm = nn.LayerNorm(2)
+        self.scale = nn.Parameter(np.ones(1, np.float32))
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.norm(self.drop(F.relu(self.blocks[0](x))) @ self.blocks[1].weight) * self.scale
+
+
+def test_parameter_registry_walks_nested_modules_and_lists():
+    names = [n for n, _ in TwoLayer().named_parameters()]
+    assert names == ["blocks.0.weight", "blocks.0.bias", "blocks.1.weight", "blocks.1.bias",
+                     "norm.weight", "norm.bias", "scale"]
+    assert TwoLayer().num_parameters() == 3 * 4 + 4 + 4 * 2 + 2 + 2 + 2 + 1
+
+
+def test_train_eval_flags_reach_every_submodule():
+    m = TwoLayer().eval()
+    assert not m.training and not m.drop.training and not m.blocks[0].training
+    m.train()
+    assert m.drop.training
+
+
+def test_state_dict_round_trip_and_clear_errors():
+    a, b = TwoLayer(np.random.default_rng(1)), TwoLayer(np.random.default_rng(2))
+    b.load_state_dict(a.state_dict())
+    for (_, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
+        np.testing.assert_array_equal(p.data, q.data)
+    sd = a.state_dict()
+    sd["blocks.0.weight"][:] = 7           # a copy: the model is untouched
+    assert not (a.blocks[0].weight.data == 7).any()
+
+    bad = a.state_dict()
+    del bad["scale"]
+    bad["extra"] = np.zeros(1)
+    with pytest.raises(ValueError, match=r"missing keys \['scale'\].*unexpected keys \['extra'\]"):
+        b.load_state_dict(bad)
+    bad = a.state_dict()
+    bad["norm.bias"] = np.zeros(5)
+    before = b.norm.bias.data.copy()
+    with pytest.raises(ValueError, match=r"norm.bias: checkpoint \(5,\) vs model \(2,\)"):
+        b.load_state_dict(bad)
+    np.testing.assert_array_equal(b.norm.bias.data, before)   # nothing changed on error
+
+
+def test_module_to_device_moves_parameters_and_buffers(device):
+    m = TwoLayer()
+    m.table = nn.sinusoidal_positions(4, 6)
+    m.to(device)
+    assert all(p.device == device for p in m.parameters())
+    assert backend.device_of(m.table) == device
+    m.eval()
+    y = m(Tensor(backend.to_device(np.ones((2, 3), np.float32), device)))
+    assert y.device == device and y.dtype == np.float32
+    assert m.state_dict()["scale"].__class__ is np.ndarray
+
+
+def test_unknown_device_is_a_clear_error():
+    with pytest.raises(backend.DeviceError, match="unknown device 'tpu'"):
+        TwoLayer().to("tpu")
+
+
+def test_gpu_without_cupy_or_gpu_names_the_wheel():
+    if backend.gpu_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(backend.DeviceError, match="cupy-cuda12x.*cupy-cuda13x"):
+        backend.get_xp("gpu")
+
+
+def test_dropout_uses_the_rng_set_on_the_model():
+    m = TwoLayer()
+    x = Tensor(np.ones((8, 3), np.float32))
+    outs = [m.set_rng(backend.RNG(0, keys=(k,)))(x).data for k in (5, 5, 6)]
+    np.testing.assert_array_equal(outs[0], outs[1])
+    assert not np.array_equal(outs[0], outs[2])
+
+
+def test_sinusoidal_positions_layouts():
+    pe = nn.sinusoidal_positions(np.array([0, 3, -2]), 6)
+    i = np.arange(3)
+    np.testing.assert_allclose(pe[1, 0::2], np.sin(3 / 10000 ** (2 * i / 6)), rtol=1e-6)
+    np.testing.assert_allclose(pe[2, 1::2], np.cos(-2 / 10000 ** (2 * i / 6)), rtol=1e-6)
+    cat = nn.sinusoidal_positions(4, 6, layout="concat")
+    np.testing.assert_allclose(cat[:, :3], nn.sinusoidal_positions(4, 6)[:, 0::2])
+    np.testing.assert_allclose(cat[:, 3:], nn.sinusoidal_positions(4, 6)[:, 1::2])
+    with pytest.raises(ValueError, match="layout"):
+        nn.sinusoidal_positions(4, 6, layout="rotary")
+
+
+def test_gru_cell_matches_pytorch_equations():
+    rng = np.random.default_rng(0)
+    cell = nn.GRUCell(3, 2, rng=rng)
+    x, h = rng.standard_normal((1, 3)), rng.standard_normal((1, 2))
+    W, U, b, c = (p.data.astype(np.float64) for p in (cell.w_ih, cell.w_hh, cell.b_ih, cell.b_hh))
+    sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
+    r = sig(x @ W[:, :2] + b[:2] + h @ U[:, :2] + c[:2])
+    z = sig(x @ W[:, 2:4] + b[2:4] + h @ U[:, 2:4] + c[2:4])
+    n = np.tanh(x @ W[:, 4:] + b[4:] + r * (h @ U[:, 4:] + c[4:]))
+    np.testing.assert_allclose(cell(Tensor(x), Tensor(h)).data, (1 - z) * n + z * h, rtol=1e-6)
+
+
+# --- optimizers ---------------------------------------------------------------------------------
+
+def _adam_reference(p, grads, lr, b1, b2, eps, wd, decoupled):
+    """Adam/AdamW written out per scalar, as in the papers' pseudo-code."""
+    p, m, v = list(p), [0.0] * len(p), [0.0] * len(p)
+    for t, g in enumerate(grads, start=1):
+        for i in range(len(p)):
+            gi = g[i]
+            if decoupled:
+                p[i] = p[i] - lr * wd * p[i]
+            else:
+                gi = gi + wd * p[i]
+            m[i] = b1 * m[i] + (1 - b1) * gi
+            v[i] = b2 * v[i] + (1 - b2) * gi * gi
+            mhat, vhat = m[i] / (1 - b1 ** t), v[i] / (1 - b2 ** t)
+            p[i] = p[i] - lr * mhat / (math.sqrt(vhat) + eps)
+    return p
+
+
+@pytest.mark.parametrize("cls,decoupled", [(optim.Adam, False), (optim.AdamW, True)])
+def test_adam_two_steps_match_hand_computation(cls, decoupled):
+    p = nn.Parameter(np.array([1.0, -2.0, 0.5]))
+    grads = [np.array([0.5, 0.1, -1.0]), np.array([-0.3, 0.2, 0.0])]
+    opt = cls([p], lr=0.1, betas=(0.8, 0.9), eps=1e-8, weight_decay=0.05)
+    for g in grads:
+        p.grad = g.copy()
+        opt.step()
+    np.testing.assert_allclose(p.data, _adam_reference([1.0, -2.0, 0.5], grads, 0.1, 0.8, 0.9, 1e-8, 0.05, decoupled),
+                               rtol=1e-12)
+    # first step of Adam without decay moves every coordinate by lr·sign(g)
+    q = nn.Parameter(np.array([1.0, -2.0]))
+    q.grad = np.array([0.5, -3.0])
+    optim.Adam([q], lr=0.1).step()
+    np.testing.assert_allclose(q.data, [0.9, -1.9], rtol=1e-6)
+
+
+def test_sgd_momentum():
+    p = nn.Parameter(np.array([1.0]))
+    opt = optim.SGD([p], lr=0.5, momentum=0.9)
+    for g in (1.0, 1.0):
+        p.grad = np.array([g])
+        opt.step()
+    np.testing.assert_allclose(p.data, [1.0 - 0.5 * 1.0 - 0.5 * 1.9])
+
+
+def test_optimizer_state_dict_round_trip_is_exact():
+    rng = np.random.default_rng(0)
+    grads = [rng.standard_normal((3, 2)).astype(np.float32) for _ in range(5)]
+    a = nn.Parameter(rng.standard_normal((3, 2)).astype(np.float32))
+    opt_a = optim.AdamW([a], lr=0.01, weight_decay=0.1)
+    for g in grads[:3]:
+        a.grad = g.copy()
+        opt_a.step()
+    b = nn.Parameter(a.data.copy())
+    opt_b = optim.AdamW([b], lr=0.5)
+    opt_b.weight_decay = 0.1
+    opt_b.load_state_dict(opt_a.state_dict())
+    for g in grads[3:]:
+        a.grad, b.grad = g.copy(), g.copy()
+        opt_a.step()
+        opt_b.step()
+    np.testing.assert_array_equal(a.data, b.data)
+    with pytest.raises(ValueError, match="parameters"):
+        optim.Adam([a, b]).load_state_dict(opt_a.state_dict())
+
+
+def test_clip_grad_norm():
+    p, q = nn.Parameter(np.zeros(2)), nn.Parameter(np.zeros(1))
+    p.grad, q.grad = np.array([3.0, 0.0]), np.array([4.0])
+    norm = optim.clip_grad_norm([p, q], 1.0)
+    assert float(norm) == pytest.approx(5.0)
+    np.testing.assert_allclose(np.concatenate([p.grad, q.grad]), [0.6, 0.0, 0.8], rtol=1e-5)
+    p.grad = np.array([0.3, 0.0])
+    optim.clip_grad_norm([p], 1.0)
+    np.testing.assert_allclose(p.grad, [0.3, 0.0])     # below the limit: unchanged
+
+
+def test_training_reduces_loss_on_every_device(device):
+    """An end-to-end smoke test: a small MLP fits a fixed batch with AdamW on each device."""
+    rng = np.random.default_rng(0)
+    model = TwoLayer(rng).to(device)
+    model.set_rng(backend.RNG(0, device))
+    model.drop.p = 0.1
+    x = Tensor(backend.to_device(rng.standard_normal((16, 3)).astype(np.float32), device))
+    y = backend.to_device(rng.integers(0, 2, 16), device)
+    opt = optim.AdamW(model.parameters(), lr=0.05)
+    losses = []
+    for _ in range(60):
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        optim.clip_grad_norm(model.parameters(), 5.0)
+        opt.step()
+        losses.append(float(backend.to_numpy(loss.data)))
+    assert losses[-1] < 0.5 * losses[0]
