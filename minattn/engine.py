@@ -79,7 +79,10 @@ def _as_array(data):
 class Tensor:
     """An array plus what autograd needs. ``requires_grad`` marks the tensors whose gradient we want."""
     __slots__ = ("data", "grad", "requires_grad", "creator", "seq", "_g", "__weakref__")
-    __array_priority__ = 1000  # make ``ndarray + Tensor`` call Tensor.__radd__
+    # Make ``array + Tensor`` call Tensor.__radd__: NumPy defers to types with __array_ufunc__ = None
+    # (NEP 13), CuPy to types with a higher __array_priority__.
+    __array_ufunc__ = None
+    __array_priority__ = 1000
 
     def __init__(self, data, requires_grad=False):
         if type(data) not in _ARRAY_TYPES:

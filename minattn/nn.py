@@ -31,6 +31,7 @@ def _is_array(v):
 class Module:
     training = True
     device = "cpu"
+    record = False  # when True, attention modules keep ``last_weights`` (and gated layers ``last_gate``)
 
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
@@ -162,11 +163,13 @@ class Linear(Module):
 
 
 class Embedding(Module):
-    """A lookup table (n, d); N(0, 1) init as PyTorch's (pass ``std`` for another scale)."""
+    """A lookup table (n, d); N(0, 1) init as PyTorch's (pass ``weight`` to override it)."""
 
-    def __init__(self, n, d, rng=None, std=1.0):
+    def __init__(self, n, d, rng=None, weight=None):
         rng = rng or np.random.default_rng(0)
-        self.weight = Parameter((rng.standard_normal((n, d)) * std).astype(backend.DEFAULT_DTYPE))
+        if weight is None:
+            weight = rng.standard_normal((n, d)).astype(backend.DEFAULT_DTYPE)
+        self.weight = Parameter(weight)
 
     def forward(self, ids):
         return F.embedding(self.weight, ids)

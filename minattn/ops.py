@@ -186,7 +186,23 @@ def pow(x, p):
     return PowScalar(p)(x)
 
 
+class ClampMin(Function):
+    """max(x, c) for a scalar c; entries at or below c get no gradient."""
+
+    def __init__(self, c):
+        self.c = c
+
+    def forward(self, x):
+        self.mask = x > self.c
+        return array_module(x).maximum(x, x.dtype.type(self.c))
+
+    def backward(self, gy):
+        return gy * self.mask
+
+
 def maximum(a, b):
+    if _is_scalar(b):
+        return ClampMin(b)(a)
     return Maximum()(a, b)
 
 

@@ -96,7 +96,15 @@ class StrictArray:
 
 def _binop(name):
     ufunc = getattr(np, name)
-    return (lambda self, other: ufunc(self, other)), (lambda self, other: ufunc(other, self))
+
+    def op(self, other):
+        if getattr(other, "__array_ufunc__", False) is None:
+            return NotImplemented  # let e.g. Tensor.__rmul__ handle it, as NumPy and CuPy do
+        return ufunc(self, other)
+
+    def rop(self, other):
+        return ufunc(other, self)
+    return op, rop
 
 
 for _op, _uf in [("add", "add"), ("sub", "subtract"), ("mul", "multiply"), ("truediv", "true_divide"),

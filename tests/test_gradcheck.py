@@ -12,6 +12,10 @@ from minattn import backend, nn
 from minattn import functional as F
 from minattn.engine import Function, Tensor
 from minattn.gradcheck import GradcheckError, check_backward
+from minattn.attention.geometric import GeometricAttention, geometric_attention_weights
+from minattn.attention.multihead import MultiHeadAttention
+from minattn.attention.relative import RelativeMultiHeadAttention
+from minattn.models.transformer import ARCHITECTURES, Classifier, CopyGateLayer, EncoderConfig, PostLNLayer
 from minattn.ops import Softmax
 
 
@@ -71,6 +75,7 @@ OPS = [
     ("logsigmoid", F.logsigmoid, inputs(N(3, 4))),
     ("maximum", F.maximum, inputs(away_from_zero(3, 4), const(np.zeros(4)))),
     ("maximum_both", lambda a, b: F.maximum(a, b), inputs(N(3, 4), lambda r: r.standard_normal((3, 4)) + 0.3)),
+    ("maximum_scalar", lambda a: F.maximum(a, 0.2), inputs(away_from_zero(3, 4))),
     ("minimum_broadcast", F.minimum, inputs(N(3, 4), lambda r: r.standard_normal(4) + 0.3)),
     ("where", lambda a, b, m: F.where(m, a, b), inputs(N(3, 4), N(4), const(MASK))),
     ("where_scalar", lambda a, m: F.where(m, a, 0.5), inputs(N(3, 4), const(MASK))),
@@ -109,11 +114,29 @@ OPS = [
     ("layer_norm_reference", F.layer_norm_reference, inputs(N(2, 3, 6), N(6), N(6))),
     ("embedding_repeats", lambda w, i: F.embedding(w, i), inputs(N(5, 3), const(np.array([[0, 4, 4], [2, 0, 0]])))),
     ("dropout", dropout_fn, inputs(N(4, 5))),
+    ("geometric_weights", lambda z: geometric_attention_weights(z), inputs(lambda r: r.uniform(-3, 3, (2, 2, 5, 5)))),
+    ("geometric_weights_padded_normalized", lambda z, m: geometric_attention_weights(z, m, normalize=True),
+     inputs(lambda r: r.uniform(-3, 3, (2, 1, 4, 4)), const(np.array([[1, 1, 1, 0], [1, 1, 1, 1]], bool)))),
+    ("geometric_weights_T1", lambda z: geometric_attention_weights(z), inputs(N(1, 1, 1, 1))),
     ("gumbel_softmax_soft", lambda a, g: F.gumbel_softmax(a, tau=0.7, hard=False, noise=g),
      inputs(N(3, 5), N(3, 5))),
     ("gumbel_softmax_soft_tau_tensor", lambda a, tau, g: F.gumbel_softmax(a, tau=tau, hard=False, noise=g),
      inputs(N(3, 5), positive(3, 1), N(3, 5))),
 ]
+
+
+KEY_MASK = np.array([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], bool)
+# Tiny encoder config without dropout, so every forward pass is the same function.
+TINY = dict(d_model=8, n_head=2, d_ff=12, n_steps=2, dropout=0.0, attention_dropout=0.0, gate_dropout=0.0)
+IDS, LENGTHS = np.array([[21, 3, 4, 20, 0], [21, 1, 2, 5, 20]]), np.array([4, 5])
+
+
+def _layer(kind, attention):
+    cfg = EncoderConfig(**TINY)
+    rng = np.random.default_rng(0)
+    if kind == "postln":
+        return PostLNLayer(attention(cfg, rng), cfg, rng)
+    return CopyGateLayer(attention(cfg, rng), cfg, rng, tanh_out=kind == "gate-tanh")
 
 
 MODULES = [
@@ -130,6 +153,29 @@ MODULES = [
      inputs(N(2, 2, 4), N(2, 3))),
     ("LSTMCell", lambda m, x, h, c: F.concat(list(m(x, (h, c))), axis=-1), lambda rng: nn.LSTMCell(4, 3, rng=rng),
      inputs(N(2, 4), N(2, 3), N(2, 3))),
+    ("MultiHeadAttention_masked", lambda m, x, k: m(x, key_mask=k), lambda rng: MultiHeadAttention(8, 2, rng=rng),
+     inputs(N(2, 5, 8), const(KEY_MASK))),
+    ("MultiHeadAttention_causal_cross", lambda m, x, c: m(x, context=c, causal=True),
+     lambda rng: MultiHeadAttention(8, 2, rng=rng), inputs(N(2, 3, 8), N(2, 3, 8))),
+    ("RelativeAttention", lambda m, x, k: m(x, key_mask=k), lambda rng: RelativeMultiHeadAttention(8, 2, rng=rng),
+     inputs(N(2, 5, 8), const(KEY_MASK))),
+    ("RelativeAttention_absgate", lambda m, x, k: m(x, key_mask=k),
+     lambda rng: RelativeMultiHeadAttention(8, 2, abs_gate=True, rng=rng), inputs(N(2, 5, 8), const(KEY_MASK))),
+    ("GeometricAttention", lambda m, x, k: m(x, key_mask=k), lambda rng: GeometricAttention(8, 2, rng=rng),
+     inputs(N(2, 5, 8), const(KEY_MASK))),
+    ("GeometricAttention_normalized", lambda m, x, k: m(x, key_mask=k),
+     lambda rng: GeometricAttention(8, 1, normalize=True, rng=rng), inputs(N(2, 5, 8), const(KEY_MASK))),
+    ("PostLNLayer_softmax", lambda m, x, k: m(x, key_mask=k),
+     lambda rng: _layer("postln", lambda c, r: MultiHeadAttention(8, 2, rng=r)), inputs(N(2, 5, 8), const(KEY_MASK))),
+    ("CopyGateLayer_geometric", lambda m, x, k: m(x, key_mask=k),
+     lambda rng: _layer("gate", lambda c, r: GeometricAttention(8, 2, rng=r)), inputs(N(2, 5, 8), const(KEY_MASK))),
+    ("CopyGateLayer_tanh_relative", lambda m, x, k: m(x, key_mask=k),
+     lambda rng: _layer("gate-tanh", lambda c, r: RelativeMultiHeadAttention(8, 2, rng=r)),
+     inputs(N(2, 5, 8), const(KEY_MASK))),
+] + [
+    (f"Classifier_{name}", lambda m, i, n: m(i, n), lambda rng, name=name: Classifier(name, 20, 4, EncoderConfig(**TINY)).eval(),
+     inputs(const(IDS), const(LENGTHS)))
+    for name in ARCHITECTURES
 ]
 
 

@@ -1,0 +1,64 @@
+"""Scaled dot-product multi-head attention (Vaswani et al. 2017, "Attention Is All You Need",
+§3.2, Eqs. 1–2; spec ndr.md §4.1).
+
+    Attention(Q, K, V) = softmax(Q Kᵀ / sqrt(d_head)) V,   per head, heads concatenated, then W_o
+
+Masks are boolean arrays that are True where attention is ALLOWED: ``key_mask`` (B, T_k) marks the
+real (unpadded) keys; ``causal=True`` additionally forbids keys after the query. Forbidden logits are
+replaced by a large finite negative (not −inf), so even a fully masked row stays finite.
+Following the NDR code, the projections have no bias, queries and the fused key|value projection
+are Xavier-initialised, and W_o uses the default Linear init. The plain softmax attention of that
+code applies no attention dropout; ``attention_dropout`` (on the weights) defaults to 0.
+"""
+import math
+
+import numpy as np
+
+from .. import backend
+from .. import functional as F
+from ..nn import Dropout, Linear, Module, Parameter, xavier_uniform
+
+MASKED = -1e9
+
+
+def attention_mask(key_mask, T_q, T_k, causal, like):
+    """Boolean mask broadcastable to (B, 1, T_q, T_k), True = may attend; None when nothing is masked."""
+    xp = backend.array_module(like)
+    mask = None if key_mask is None else key_mask[:, None, None, :]
+    if causal:
+        tri = xp.arange(T_k)[None, :] <= xp.arange(T_q)[:, None]
+        mask = tri if mask is None else mask & tri
+    return mask
+
+
+class MultiHeadAttention(Module):
+    last_weights = None
+
+    def __init__(self, d_model, n_head, attention_dropout=0.0, rng=None):
+        rng = rng or np.random.default_rng(0)
+        assert d_model % n_head == 0, "d_model must be divisible by n_head"
+        self.n_head, self.d_head = n_head, d_model // n_head
+        self.w_q = Parameter(xavier_uniform(rng, d_model, d_model))
+        self.w_kv = Parameter(xavier_uniform(rng, d_model, 2 * d_model))   # fused [W_k | W_v]
+        self.out = Linear(d_model, d_model, bias=False, rng=rng)
+        self.dropout = Dropout(attention_dropout)
+
+    def forward(self, x, context=None, key_mask=None, causal=False, return_weights=False):
+        """x (B, T, C) queries; context (B, S, C) keys/values (default: x, self-attention)."""
+        context = x if context is None else context
+        B, T, C = x.shape
+        S = context.shape[1]
+        H, dh = self.n_head, self.d_head
+        q = (x.reshape(B * T, C) @ self.w_q).reshape(B, T, H, dh).transpose(0, 2, 1, 3)         # (B, H, T, dh)
+        kv = (context.reshape(B * S, C) @ self.w_kv).reshape(B, S, 2, H, dh).transpose(2, 0, 3, 1, 4)
+        k, v = kv[0], kv[1]                                                                      # (B, H, S, dh)
+        logits = (q @ k.swapaxes(-1, -2)) * (1.0 / math.sqrt(dh))                               # (B, H, T, S)
+        mask = attention_mask(key_mask, T, S, causal, x.data)
+        if mask is not None:
+            logits = F.masked_fill(logits, ~mask, MASKED)
+        A = F.softmax(logits, axis=-1)
+        if self.record:  # kept for analysis and plots (see UniversalEncoder's trace)
+            self.last_weights = A
+        y = (self.dropout(A) @ v).transpose(0, 2, 1, 3).reshape(B, T, C)
+        y = self.out(y)
+        return (y, A) if return_weights else y

@@ -1,0 +1,192 @@
+"""Transformer encoders of the NDR paper (Csordás, Irie & Schmidhuber 2022; spec ndr.md §1–5).
+
+All of them are Universal Transformers: ONE shared layer applied ``n_steps`` times (the number can
+differ at test time). Two layer types:
+
+* ``PostLNLayer`` (§4.1): x ← LN(x + Drop(Attn(x))); x ← LN(x + Drop(FF(x))).
+* ``CopyGateLayer`` (§2, the NDR layer; §4.3 the "+ gate" baselines): a gate per column and channel
+  decides whether the column is updated or simply copies its state to the next step:
+      a  = LN(h + Drop(Attn(h)))
+      u  = LN(W2 Drop(ReLU(W1 a)))          (NDR)   or  tanh(...) (gated baselines)
+      g  = σ(G2 Drop(ReLU(G1 a)) + c2),     c2 initialised to −3, so layers start near "copy"
+      h' = g ⊙ u + (1 − g) ⊙ h                                                     (Eqs. 5–6)
+  Gate dropout (code only) zeroes the whole gate of a column for a step: that column copies.
+
+``Classifier`` embeds [SOS, x…, EOS], runs the encoder and reads one column (EOS or SOS) through a
+linear layer. ``build_classifier(name, ...)`` builds the six models of names.md by name.
+"""
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import backend
+from .. import functional as F
+from ..attention.geometric import GeometricAttention
+from ..attention.multihead import MultiHeadAttention
+from ..attention.relative import RelativeMultiHeadAttention
+from ..nn import Dropout, Embedding, FeedForward, LayerNorm, Linear, Module, sinusoidal_positions, xavier_uniform
+
+
+@dataclass
+class EncoderConfig:
+    """Hyperparameters of the encoder models (defaults: NDR on CTL, spec §8)."""
+    d_model: int = 256             # state size d
+    n_head: int = 1                # attention heads H
+    d_ff: int = 512                # feed-forward hidden size (the gated baselines force 4·d_model)
+    n_steps: int = 14              # applications of the shared layer in training
+    n_steps_eval: int = 0          # ... at evaluation (0: same as n_steps; ListOps NDR uses 24)
+    dropout: float = 0.5           # attention output, FF hidden and gate hidden dropout
+    attention_dropout: float = 0.1  # on keys (geometric/relative attention); plain MHA applies none
+    gate_dropout: float = 0.1      # probability of closing a column's gate for a step (NDR)
+    embedding_init: str = "normal"  # "normal" N(0,1), "kaiming" N(0, 2/d), or "xavier"
+    readout: str = "eos"           # which column the classifier reads: "eos" or "sos"
+
+
+def _attention(kind, cfg, rng):
+    if kind == "softmax":
+        return MultiHeadAttention(cfg.d_model, cfg.n_head, rng=rng)
+    if kind in ("relative", "absrel"):
+        return RelativeMultiHeadAttention(cfg.d_model, cfg.n_head, cfg.attention_dropout,
+                                          abs_gate=kind == "absrel", rng=rng)
+    if kind in ("geometric", "geometric-normalized"):
+        return GeometricAttention(cfg.d_model, cfg.n_head, cfg.attention_dropout,
+                                  normalize=kind == "geometric-normalized", rng=rng)
+    raise ValueError(f"unknown attention kind {kind!r}")
+
+
+class PostLNLayer(Module):
+    """The standard post-norm layer (spec §4.1); W1/W2 Xavier-initialised with gains sqrt(2)/1."""
+
+    def __init__(self, attention, cfg, rng):
+        self.attn = attention
+        self.norm1, self.norm2 = LayerNorm(cfg.d_model), LayerNorm(cfg.d_model)
+        self.ff = FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout, rng, gain1=math.sqrt(2), xavier=True)
+        self.drop1, self.drop2 = Dropout(cfg.dropout), Dropout(cfg.dropout)
+
+    def forward(self, x, key_mask=None):
+        x = self.norm1(x + self.drop1(self.attn(x, key_mask=key_mask)))
+        return self.norm2(x + self.drop2(self.ff(x)))
+
+
+class CopyGateLayer(Module):
+    """The copy-gated layer: NDR (``tanh_out=False``, LN on the data path) or the "+ gate"
+    baselines (``tanh_out=True``: tanh instead of LN, d_ff = 4·d, default W2 init)."""
+
+    def __init__(self, attention, cfg, rng, tanh_out=False):
+        d = cfg.d_model
+        self.attn = attention
+        self.tanh_out = tanh_out
+        self.norm_merge = LayerNorm(d)
+        self.drop_att = Dropout(cfg.dropout)
+        if tanh_out:
+            self.ff = FeedForward(d, 4 * d, cfg.dropout, rng)
+            self.ff.fc1.weight.data = xavier_uniform(rng, d, 4 * d, math.sqrt(2))
+        else:
+            self.ff = FeedForward(d, cfg.d_ff, cfg.dropout, rng, gain1=math.sqrt(2), gain2=5 / 3, xavier=True)
+            self.norm_out = LayerNorm(d)
+        self.gate = FeedForward(d, d, cfg.dropout, rng, gain1=math.sqrt(2), gain2=1.0, xavier=True)
+        self.gate.fc2.bias.data[:] = -3.0   # σ(−3) ≈ 0.047: start close to "copy the state"
+        self.gate_dropout = cfg.gate_dropout
+        self.rng = None                      # draws the gate-dropout mask (set by Module.set_rng)
+        self.last_gate = None
+
+    def forward(self, h, key_mask=None):
+        a = self.norm_merge(h + self.drop_att(self.attn(h, key_mask=key_mask)))
+        u = F.tanh(self.ff(a)) if self.tanh_out else self.norm_out(self.ff(a))
+        g = F.sigmoid(self.gate(a))
+        if self.training and self.gate_dropout > 0:
+            B, T, _ = h.shape
+            keep = self.rng.uniform((B, T, 1), h.dtype) >= self.gate_dropout  # whole column closed
+            g = g * keep.astype(h.dtype)
+        if self.record:
+            self.last_gate = g
+        return h + g * (u - h)               # = g ⊙ u + (1 − g) ⊙ h, using the pre-attention h
+
+
+# name -> (layer kind, attention kind, input PE?)
+ARCHITECTURES = {
+    "transformer": ("postln", "softmax", True),
+    "transformer-rel": ("postln", "relative", False),
+    "transformer-rel-gate": ("gate-tanh", "relative", False),
+    "transformer-absrel-gate": ("gate-tanh", "absrel", False),
+    "transformer-geom": ("postln", "geometric-normalized", False),
+    "ndr": ("gate", "geometric", False),
+}
+
+
+def _embedding_init(cfg, vocab_size, rng):
+    """The code's embedding inits (spec §5): N(0, 1), Kaiming-normal N(0, 2/d), or Xavier-uniform."""
+    if cfg.embedding_init == "normal":
+        w = rng.standard_normal((vocab_size, cfg.d_model))
+    elif cfg.embedding_init == "kaiming":
+        w = rng.standard_normal((vocab_size, cfg.d_model)) * math.sqrt(2 / cfg.d_model)
+    elif cfg.embedding_init == "xavier":
+        w = xavier_uniform(rng, vocab_size, cfg.d_model)
+    else:
+        raise ValueError(f"unknown embedding_init {cfg.embedding_init!r}; use normal, kaiming or xavier")
+    return w.astype(backend.DEFAULT_DTYPE)
+
+
+class UniversalEncoder(Module):
+    """Embedding (+ sinusoidal PE and dropout 0.1 for the plain Transformer), then one shared layer
+    applied ``n_steps`` times. Padding: keys at positions ≥ the true length are masked."""
+
+    def __init__(self, name, vocab_size, cfg, rng):
+        layer_kind, attention_kind, self.input_pe = ARCHITECTURES[name]
+        self.cfg = cfg
+        self.embedding = Embedding(vocab_size, cfg.d_model, weight=_embedding_init(cfg, vocab_size, rng))
+        attention = _attention(attention_kind, cfg, rng)
+        if layer_kind == "postln":
+            self.layer = PostLNLayer(attention, cfg, rng)
+        else:
+            self.layer = CopyGateLayer(attention, cfg, rng, tanh_out=layer_kind == "gate-tanh")
+        self.input_dropout = Dropout(0.1 if self.input_pe else 0.0)
+        self.pe = sinusoidal_positions(64, cfg.d_model) if self.input_pe else None
+
+    def forward(self, ids, key_mask=None, n_steps=None, trace=None):
+        """ids (B, T) int; key_mask (B, T) bool (True = real token). ``trace``: a list that receives
+        (attention weights, gate or None) per step, for analysis and plots."""
+        B, T = ids.shape
+        h = self.embedding(ids)
+        if self.input_pe:
+            if T > len(self.pe):
+                self.pe = backend.to_device(sinusoidal_positions(2 * T, self.cfg.d_model), backend.device_of(ids))
+            h = self.input_dropout(h + self.pe[:T])
+        steps = n_steps or (self.cfg.n_steps if self.training or not self.cfg.n_steps_eval else self.cfg.n_steps_eval)
+        self.layer.attn.record = self.layer.record = trace is not None
+        for _ in range(steps):
+            h = self.layer(h, key_mask=key_mask)
+            if trace is not None:
+                trace.append((self.layer.attn.last_weights, getattr(self.layer, "last_gate", None)))
+        self.layer.attn.record = self.layer.record = False
+        return h
+
+
+class Classifier(Module):
+    """[SOS, x_1..x_n, EOS] → encoder → the EOS (or SOS) column → Linear(d → n_classes) (spec §1)."""
+
+    def __init__(self, name, n_tokens, n_classes, cfg, seed=0):
+        if name not in ARCHITECTURES:
+            raise ValueError(f"unknown model {name!r}; valid models: {', '.join(ARCHITECTURES)}")
+        if cfg.readout not in ("eos", "sos"):
+            raise ValueError(f"unknown readout {cfg.readout!r}; use eos or sos")
+        rng = np.random.default_rng(seed)
+        self.name, self.cfg = name, cfg
+        # n_tokens input symbols plus EOS = n_tokens and SOS = n_tokens + 1
+        self.encoder = UniversalEncoder(name, n_tokens + 2, cfg, rng)
+        self.head = Linear(cfg.d_model, n_classes, rng=rng)
+
+    def forward(self, ids, lengths, n_steps=None, trace=None):
+        """ids (B, T) with SOS at 0 and EOS at lengths−1; lengths (B,) int. Returns logits (B, n_classes)."""
+        xp = backend.array_module(ids)
+        B, T = ids.shape
+        key_mask = xp.arange(T)[None, :] < lengths[:, None]
+        h = self.encoder(ids, key_mask, n_steps=n_steps, trace=trace)
+        column = lengths - 1 if self.cfg.readout == "eos" else xp.zeros(B, dtype=lengths.dtype)
+        return self.head(h[xp.arange(B), column])
+
+
+def build_classifier(name, n_tokens, n_classes, cfg, seed=0):
+    return Classifier(name, n_tokens, n_classes, cfg, seed)
+
