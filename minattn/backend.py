@@ -124,6 +124,15 @@ class RNG:
             return self._gen.random(shape, dtype=np.float64 if dtype == np.float64 else np.float32)
         return self._gen.random_sample(shape, dtype=dtype)
 
+    def keep_mask(self, shape, p_drop):
+        """Boolean mask, each entry True with probability 1 − p_drop (dropout's "keep" mask).
+
+        On NumPy it compares 16-bit random integers with round(p_drop · 65536), about twice as fast as
+        float uniforms; p_drop is thereby rounded to a multiple of 1/65536."""
+        if isinstance(self._gen, np.random.Generator):
+            return self._gen.integers(0, 65536, size=shape, dtype=np.uint16) >= round(p_drop * 65536)
+        return self._gen.random_sample(shape, dtype=np.float32) >= p_drop
+
     def normal(self, shape, dtype=None):
         dtype = dtype or DEFAULT_DTYPE
         if isinstance(self._gen, np.random.Generator):

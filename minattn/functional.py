@@ -36,7 +36,7 @@ def dropout(x, p, rng, training=None):
         raise ValueError(f"dropout probability must be in [0, 1), got {p}")
     if rng is None:
         raise ValueError("dropout in training mode needs an RNG: call model.set_rng(backend.RNG(seed, device))")
-    mask = (rng.uniform(x.shape, x.dtype) >= p) * x.dtype.type(1 / (1 - p))
+    mask = rng.keep_mask(x.shape, p) * x.dtype.type(1 / (1 - p))
     return x * mask
 
 

@@ -97,8 +97,7 @@ class CopyGateLayer(Module):
         g = F.sigmoid(self.gate(a))
         if self.training and self.gate_dropout > 0:
             B, T, _ = h.shape
-            keep = self.rng.uniform((B, T, 1), h.dtype) >= self.gate_dropout  # whole column closed
-            g = g * keep.astype(h.dtype)
+            g = g * self.rng.keep_mask((B, T, 1), self.gate_dropout).astype(h.dtype)  # whole columns close
         if self.record:
             self.last_gate = g
         return h + g * (u - h)               # = g ⊙ u + (1 − g) ⊙ h, using the pre-attention h

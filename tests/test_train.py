@@ -1,0 +1,119 @@
+"""The training command line: bad input, checkpoints, exact resume, results.json."""
+import json
+import os
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import train
+from minattn import backend
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# A tiny NDR that trains a few steps in seconds (the task itself is the real CTL).
+TINY = ["--task", "ctl", "--model", "ndr", "--batch-size", "16", "--eval-every", "2", "--no-progress",
+        "--set", "d_model=16", "--set", "d_ff=16", "--set", "n_steps=2", "--set", "eval_batch_size=2048"]
+
+
+def run(argv, capsys):
+    code = train.main(argv)
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag,value,valid", [
+    ("--task", "ctl-sideways", "valid tasks: ctl, ctl-backward"),
+    ("--model", "lstm", "valid models: transformer, transformer-rel"),
+    ("--preset", "huge", "valid presets: cpu, paper"),
+    ("--device", "tpu", "valid devices: cpu, gpu"),
+])
+def test_unknown_names_exit_2_with_the_valid_ones(flag, value, valid, capsys, tmp_path):
+    code, err = run([flag, value, "--out", str(tmp_path)], capsys)
+    assert code == 2 and valid in err and err.count("\n") == 1
+
+
+def test_gpu_without_cupy_exits_2_with_the_install_hint(tmp_path):
+    if backend.gpu_available():
+        pytest.skip("a GPU is present")
+    p = subprocess.run([sys.executable, "train.py", "--device", "gpu", "--out", str(tmp_path)], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert p.returncode == 2
+    assert "cupy-cuda12x" in p.stderr and "Traceback" not in p.stderr
+
+
+def _params(out):
+    with open(os.path.join(out, "checkpoint.pkl"), "rb") as f:
+        return pickle.load(f)
+
+
+def test_resume_continues_exactly(tmp_path, capsys):
+    straight, split = str(tmp_path / "straight"), str(tmp_path / "split")
+    assert run(TINY + ["--steps", "6", "--out", straight], capsys)[0] == 0
+    assert run(TINY + ["--steps", "4", "--out", split], capsys)[0] == 0        # "interrupted" after step 4
+    assert run(TINY + ["--steps", "6", "--out", split, "--resume"], capsys)[0] == 0
+    a, b = _params(straight), _params(split)
+    assert a["step"] == b["step"] == 6
+    for k in a["model"]:
+        np.testing.assert_array_equal(a["model"][k], b["model"][k], err_msg=k)
+    for sa, sb in zip(a["optimizer"]["state"], b["optimizer"]["state"]):
+        for k in sa:
+            np.testing.assert_array_equal(sa[k], sb[k])
+    logs = [[json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))] for d in (straight, split)]
+    assert [e["step"] for e in logs[1]] == [2, 4, 6]
+    assert [e["valid"] for e in logs[0]] == [e["valid"] for e in logs[1]]
+
+
+def test_results_json_has_every_field(tmp_path, capsys):
+    assert run(TINY + ["--steps", "2", "--out", str(tmp_path)], capsys)[0] == 0
+    res = json.load(open(tmp_path / "results.json"))
+    for key in ("task", "model", "preset", "seed", "device", "steps", "wall_s", "ms_per_step", "metrics",
+                "best_step", "config"):
+        assert key in res
+    assert set(res["metrics"]) == {"iid", "valid", "test"}
+    assert res["config"]["encoder"]["d_model"] == 16 and res["config"]["lr"] == 3e-4
+    assert all(0 <= v <= 1 for v in res["metrics"].values())
+
+
+def test_checkpoints_are_never_overwritten_by_another_run(tmp_path, capsys):
+    out = str(tmp_path)
+    assert run(TINY + ["--steps", "2", "--out", out], capsys)[0] == 0
+    before = open(tmp_path / "checkpoint.pkl", "rb").read()
+    code, err = run(TINY + ["--steps", "2", "--out", out], capsys)                 # no --resume
+    assert code == 2 and "--resume" in err
+    code, err = run(TINY + ["--steps", "4", "--out", out, "--resume", "--set", "d_model=32"], capsys)
+    assert code == 2 and "different run" in err and "encoder" in err
+    assert open(tmp_path / "checkpoint.pkl", "rb").read() == before
+
+
+def test_corrupted_checkpoint_is_a_clear_error(tmp_path, capsys):
+    (tmp_path / "checkpoint.pkl").write_bytes(b"\x80\x05garbage")
+    code, err = run(TINY + ["--steps", "2", "--out", str(tmp_path), "--resume"], capsys)
+    assert code == 2 and "corrupted" in err
+
+
+def test_bad_set_values_are_clear_errors(tmp_path, capsys):
+    assert "unknown setting" in run(TINY + ["--set", "colour=red", "--out", str(tmp_path)], capsys)[1]
+    assert "expected" in run(TINY + ["--set", "d_model=big", "--out", str(tmp_path)], capsys)[1]
+
+
+def test_paper_preset_matches_the_spec_table():
+    cfg = train.make_config("ctl-backward", "ndr", "paper")
+    e = cfg.encoder
+    assert (e.d_model, e.d_ff, e.n_head, e.n_steps, cfg.lr, cfg.weight_decay) == (256, 512, 1, 14, 1.5e-4, 0.01)
+    assert (e.dropout, e.attention_dropout, e.gate_dropout, cfg.steps, cfg.batch_size) == (0.5, 0.1, 0.1, 30000, 512)
+    assert cfg.grad_clip == 5 and cfg.batching == "bucketed" and e.readout == "eos"
+    lo = train.make_config("listops", "ndr", "paper")
+    assert lo.encoder.readout == "sos" and lo.encoder.n_steps_eval == 24 and lo.grad_clip == 1
+    assert train.make_config("ctl", "transformer", "paper").batching == "random"
+
+
+@pytest.mark.slow
+def test_ndr_learns_ctl(tmp_path, capsys):
+    """A short run at the cpu preset: the loss must fall well below chance (ln 8 ≈ 2.08)."""
+    code, _ = run(["--task", "ctl", "--model", "ndr", "--steps", "600", "--eval-every", "300", "--no-progress",
+                   "--out", str(tmp_path)], capsys)
+    assert code == 0
+    log = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert log[-1]["train_loss"] < 1.0
+    assert log[-1]["iid"] > 0.5
