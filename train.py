@@ -53,13 +53,57 @@ class RunConfig:
     seed: int = 0
     steps: int = 3000              # optimizer steps
     batch_size: int = 128
-    lr: float = 3e-4               # constant, no warm-up or decay (spec §6.2)
-    weight_decay: float = 0.01     # AdamW, on all parameters (spec §6.1)
-    grad_clip: float = 5.0         # global L2 norm (5 for CTL, 1 for arithmetic and ListOps)
+    lr: float = 3e-4               # constant, no warm-up or decay (spec ndr.md §6.2)
+    weight_decay: float = 0.01     # AdamW, on all parameters (spec ndr.md §6.1)
+    grad_clip: float = 5.0         # global L2 norm
     batching: str = "bucketed"     # "bucketed" (length-sorted batches) or "random" (with replacement)
     eval_every: int = 500
     eval_batch_size: int = 1024
-    encoder: EncoderConfig = dataclasses.field(default_factory=EncoderConfig)
+    model_config: object = None    # the family's model dataclass (e.g. EncoderConfig)
+
+
+# ==========================================================================================================
+# Task families: how each kind of task builds its model, draws batches, computes the loss and is evaluated.
+# train() below is the same loop for all of them. A new family = a subclass registered in FAMILIES.
+# ==========================================================================================================
+
+class Family:
+    """The interface train() relies on. ``metric_higher_is_better`` orients model selection."""
+    tasks = ()                       # task names (names.md) this family trains
+    models = ()                      # model names it builds
+    select_split = "valid"           # the split whose metric selects the reported evaluation
+    report_final = ("iid",)          # splits reported at the end of training rather than at selection
+    metric_higher_is_better = True
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    @classmethod
+    def config(cls, task, model, preset):
+        """The RunConfig of a preset (before command-line overrides)."""
+        raise NotImplementedError
+
+    def load_task(self):
+        raise NotImplementedError
+
+    def build_model(self):
+        raise NotImplementedError
+
+    def batches(self, rng):
+        """Endless host-side training batches; a pure function of ``rng`` (so --resume can replay it)."""
+        raise NotImplementedError
+
+    def loss(self, model, batch):
+        """(loss Tensor, {name: device scalar summed over the batch}, number of samples)."""
+        raise NotImplementedError
+
+    def evaluate(self, model):
+        """{split: metric} under no_grad/eval_mode."""
+        raise NotImplementedError
+
+    def log_extra(self, model):
+        """Extra numbers for the metrics log (e.g. the mean gate)."""
+        return {}
 
 
 # --- presets ----------------------------------------------------------------------------------------------
@@ -101,8 +145,8 @@ def _task_family(task):
     return "ctl" if task.startswith("ctl") else task
 
 
-def make_config(task, model, preset="cpu", **overrides):
-    """The full configuration of a run: the preset for (task, model), then explicit overrides."""
+def _classification_config(task, model, preset):
+    """Presets of the NDR paper's models on CTL, arithmetic and ListOps (spec ndr.md §8)."""
     family = _task_family(task)
     d, d_ff, H, n_steps, lr, wd, drop, att_drop, gate_drop, iters = _PAPER[(family, model)]
     gated = model in ("ndr", "transformer-rel-gate", "transformer-absrel-gate")
@@ -125,33 +169,102 @@ def make_config(task, model, preset="cpu", **overrides):
     bucketed = model == "ndr" or family in ("arith", "listops")
     cfg = RunConfig(task=task, model=model, preset=preset, steps=iters, batch_size=512, lr=lr, weight_decay=wd,
                     grad_clip=5.0 if family == "ctl" else 1.0, batching="bucketed" if bucketed else "random",
-                    eval_every=1000, encoder=enc)
+                    eval_every=1000, model_config=enc)
     if preset == "cpu":
         cfg.batch_size, cfg.steps, cfg.eval_every = 128, _CPU_STEPS[family], 500
         cfg.lr = 3e-4
-        cfg.encoder = dataclasses.replace(enc, **_CPU.get(model, {}))
-    elif preset != "paper":
+        cfg.model_config = dataclasses.replace(enc, **_CPU.get(model, {}))
+    return cfg
+
+
+class ClassificationFamily(Family):
+    """Sequence classification with the NDR paper's encoders (ctl, ctl-backward, arith, listops)."""
+    tasks = ("ctl", "ctl-backward", "arith", "listops")
+    models = tuple(ARCHITECTURES)
+    config = staticmethod(_classification_config)
+
+    def load_task(self):
+        self.task = tasks.get_task(self.cfg.task, seed=0)
+        return self.task
+
+    def build_model(self):
+        return Classifier(self.cfg.model, len(self.task.vocab), len(self.task.classes), self.cfg.model_config,
+                          seed=self.cfg.seed)
+
+    def batches(self, rng):
+        return tasks.batches(self.task.splits["train"], self.cfg.batch_size, rng, self.cfg.batching)
+
+    def _to_device(self, batch):
+        return [backend.to_device(a, self.cfg.device) for a in batch]
+
+    def loss(self, model, batch):
+        x, lengths, y = self._to_device(batch)
+        logits = model(x, lengths)
+        return F.cross_entropy(logits, y), {"correct": (logits.data.argmax(-1) == y).sum()}, len(y)
+
+    def evaluate(self, model):
+        return {s: self._accuracy(model, self.task.splits[s]) for s in ("iid", "valid", "test")
+                if s in self.task.splits}
+
+    def _accuracy(self, model, split):
+        correct = 0
+        with no_grad(), eval_mode():
+            for batch in tasks.eval_batches(split, self.cfg.eval_batch_size):
+                x, lengths, y = self._to_device(batch)
+                correct = correct + (model(x, lengths).data.argmax(-1) == y).sum()
+        return float(backend.to_numpy(correct)) / len(split)
+
+    def log_extra(self, model):
+        """Mean copy-gate activation on a few IID samples: the spec warns gates can stay shut."""
+        if self.cfg.model not in ("ndr", "transformer-rel-gate", "transformer-absrel-gate"):
+            return {}
+        x, lengths, _ = self._to_device(next(tasks.eval_batches(self.task.splits["iid"], 256)))
+        trace = []
+        with no_grad(), eval_mode():
+            model(x, lengths, trace=trace)
+        return {"gate_mean": round(float(np.mean([backend.to_numpy(g.data).mean() for _, g in trace])), 4)}
+
+
+FAMILIES = [ClassificationFamily]
+
+
+def family_of(task):
+    for fam in FAMILIES:
+        if task in fam.tasks:
+            return fam
+    raise UsageError(f"unknown task {task!r}; valid tasks: {', '.join(t for f in FAMILIES for t in f.tasks)}")
+
+
+def make_config(task, model, preset="cpu", **overrides):
+    """The full configuration of a run: the preset for (task, model), then explicit overrides
+    (RunConfig fields or fields of the family's model config; None means "keep the preset's")."""
+    fam = family_of(task)
+    if model not in fam.models:
+        raise UsageError(f"unknown model {model!r} for task {task}; valid models: {', '.join(fam.models)}")
+    if preset not in ("cpu", "paper"):
         raise UsageError(f"unknown preset {preset!r}; valid presets: cpu, paper")
-    enc_fields = {f.name for f in dataclasses.fields(EncoderConfig)}
+    cfg = fam.config(task, model, preset)
+    model_fields = {f.name for f in dataclasses.fields(cfg.model_config)}
     for key, value in overrides.items():
         if value is None:
             continue
-        if key in enc_fields:
-            cfg.encoder = dataclasses.replace(cfg.encoder, **{key: value})
-        elif hasattr(cfg, key):
+        if key in model_fields:
+            cfg.model_config = dataclasses.replace(cfg.model_config, **{key: value})
+        elif key in _run_fields():
             setattr(cfg, key, value)
         else:
-            raise UsageError(f"unknown setting {key!r}; valid: {', '.join(sorted(enc_fields | set(_run_fields())))}")
+            raise UsageError(f"unknown setting {key!r}; valid: {', '.join(sorted(model_fields | set(_run_fields())))}")
     return cfg
 
 
 def _run_fields():
-    return [f.name for f in dataclasses.fields(RunConfig) if f.name != "encoder"]
+    return [f.name for f in dataclasses.fields(RunConfig) if f.name != "model_config"]
 
 
-def _parse_value(key, text):
+def _parse_value(key, text, task):
     """--set values take the type of the field they override."""
-    field_types = {f.name: f.type for f in dataclasses.fields(EncoderConfig)}
+    model_config = family_of(task).config(task, family_of(task).models[0], "cpu").model_config
+    field_types = {f.name: f.type for f in dataclasses.fields(model_config)}
     field_types.update({f.name: f.type for f in dataclasses.fields(RunConfig)})
     kind = field_types.get(key)
     if kind is None:
@@ -200,15 +313,11 @@ def _identity(cfg):
 
 # --- the loop ---------------------------------------------------------------------------------------------
 
-def evaluate(model, split, batch_size, device, n_classes):
-    """Accuracy on a split: forward passes only, nothing recorded, dropout off."""
-    xp = backend.get_xp(device)
-    correct = xp.zeros((), dtype=np.int64)
-    with no_grad(), eval_mode():
-        for x, lengths, y in tasks.eval_batches(split, batch_size):
-            logits = model(backend.to_device(x, device), backend.to_device(lengths, device))
-            correct = correct + (logits.data.argmax(-1) == backend.to_device(y, device)).sum()
-    return float(backend.to_numpy(correct)) / len(split)
+def _better(new, old, higher_is_better):
+    """Model selection: ties go to the later evaluation (spec ndr.md §6.6)."""
+    if old is None:
+        return True
+    return new >= old if higher_is_better else new <= old
 
 
 def train(cfg, out_dir, resume=False, progress=True):
@@ -221,12 +330,12 @@ def train(cfg, out_dir, resume=False, progress=True):
         raise UsageError(f"{out_dir} already holds a checkpoint: pass --resume to continue it, "
                          "or choose another --out")
 
-    task = tasks.get_task(cfg.task, seed=0)
-    n_classes = len(task.classes)
-    model = Classifier(cfg.model, len(task.vocab), n_classes, cfg.encoder, seed=cfg.seed).to(cfg.device)
+    fam = family_of(cfg.task)(cfg)
+    fam.load_task()
+    model = fam.build_model().to(cfg.device)
     opt = optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    step, best, history = 0, {"valid": -1.0, "test": None, "step": None}, []
-    train_time = 0.0
+    step, train_time, history = 0, 0.0, []
+    best = {"metric": None, "metrics": {}, "step": None}
 
     if resume:
         ckpt = load_checkpoint(ckpt_path)
@@ -242,19 +351,17 @@ def train(cfg, out_dir, resume=False, progress=True):
         step, best, train_time = ckpt["step"], ckpt["best"], ckpt["train_time"]
         if os.path.exists(log_path):  # drop log lines written after the checkpoint
             with open(log_path) as f:
-                history = [json.loads(line) for line in f if line.strip()]
-            history = [h for h in history if h["step"] <= step]
+                history = [h for h in (json.loads(line) for line in f if line.strip()) if h["step"] <= step]
             with open(log_path, "w") as f:
                 f.writelines(json.dumps(h) + "\n" for h in history)
     elif os.path.exists(log_path):
         os.remove(log_path)
 
     # The data stream is a pure function of the seed: replay it up to the current step.
-    stream = tasks.batches(task.splits["train"], cfg.batch_size, np.random.default_rng([cfg.seed, 1]), cfg.batching)
+    stream = fam.batches(np.random.default_rng([cfg.seed, 1]))
     for _ in range(step):
         next(stream)
     run_rng = backend.RNG(cfg.seed, cfg.device)
-    eval_splits = [s for s in ("iid", "valid", "test") if s in task.splits]
 
     def checkpoint():
         save_atomic(ckpt_path, {"version": CHECKPOINT_VERSION, "identity": _identity(cfg),
@@ -262,56 +369,54 @@ def train(cfg, out_dir, resume=False, progress=True):
                                 "train_time": train_time, "model": model.state_dict(), "optimizer": opt.state_dict()})
 
     bar = tqdm(total=cfg.steps, initial=step, disable=not progress, desc=f"{cfg.task}/{cfg.model}", unit="step")
-    start_step, loss_sum, correct_sum, seen = step, None, None, 0
+    start_step, loss_sum, stats, seen, n_batches = step, 0.0, {}, 0, 0
     model.train()
     while step < cfg.steps:
         t0 = time.perf_counter()
-        x, lengths, y = next(stream)
-        x, lengths, y_dev = (backend.to_device(a, cfg.device) for a in (x, lengths, y))
-        model.set_rng(run_rng.fork(step))
-        logits = model(x, lengths)
-        loss = F.cross_entropy(logits, y_dev)
+        batch = next(stream)
+        model.set_rng(run_rng.fork(step))     # dropout masks of step k are the same after a resume
+        loss, batch_stats, n = fam.loss(model, batch)
         opt.zero_grad()
         loss.backward()
         optim.clip_grad_norm(model.parameters(), cfg.grad_clip)
         opt.step()
         step += 1
-        # running loss/accuracy stay on the device; they are read only when shown
-        batch_correct = (logits.data.argmax(-1) == y_dev).sum()
-        loss_sum = loss.data if loss_sum is None else loss_sum + loss.data
-        correct_sum = batch_correct if correct_sum is None else correct_sum + batch_correct
-        seen += len(y)
+        # running statistics stay on the device; they are read only when logged
+        loss_sum = loss_sum + loss.data
+        for k, v in batch_stats.items():
+            stats[k] = stats.get(k, 0) + v
+        seen, n_batches = seen + n, n_batches + 1
         train_time += time.perf_counter() - t0
         bar.update(1)
         if step % cfg.eval_every == 0 or step == cfg.steps:
-            n_batches = seen // cfg.batch_size
-            entry = {"step": step, "train_loss": float(backend.to_numpy(loss_sum)) / max(n_batches, 1),
-                     "train_acc": float(backend.to_numpy(correct_sum)) / max(seen, 1)}
-            if cfg.model in ("ndr", "transformer-rel-gate", "transformer-absrel-gate"):
-                entry["gate_mean"] = _mean_gate(model, task, cfg.device)
-            for s in eval_splits:
-                entry[s] = evaluate(model, task.splits[s], cfg.eval_batch_size, cfg.device, n_classes)
+            entry = {"step": step, "train_loss": round(float(backend.to_numpy(loss_sum)) / n_batches, 5)}
+            entry.update({f"train_{k}": round(float(backend.to_numpy(v)) / seen, 5) for k, v in stats.items()})
+            entry.update(fam.log_extra(model))
+            entry.update(fam.evaluate(model))
             model.train()
-            if entry.get("valid", -1) >= best["valid"]:          # ties go to the later evaluation
-                best = {"valid": entry["valid"], "test": entry.get("test"), "step": step}
+            entry["wall_s"] = round(train_time, 1)
+            selected = entry.get(fam.select_split)
+            if selected is not None and _better(selected, best["metric"], fam.metric_higher_is_better):
+                best = {"metric": selected, "metrics": {k: v for k, v in entry.items()}, "step": step}
             history.append(entry)
             with open(log_path, "a") as f:
                 f.write(json.dumps(entry) + "\n")
-            bar.set_postfix(loss=f"{entry['train_loss']:.3f}", iid=entry.get("iid"), valid=entry.get("valid"),
-                            test=entry.get("test"))
-            loss_sum, correct_sum, seen = None, None, 0
+            bar.set_postfix({k: v for k, v in entry.items() if k not in ("step", "wall_s")})
+            loss_sum, stats, seen, n_batches = 0.0, {}, 0, 0
             checkpoint()
     bar.close()
 
     final = history[-1] if history else {}
-    steps_run = step - start_step
+    split_names = [k for k in final if k not in ("step", "wall_s", "train_loss") and not k.startswith("train_")
+                   and not k.startswith("gate")]
+    metrics = {k: (final.get(k) if k in fam.report_final else best["metrics"].get(k, final.get(k)))
+               for k in split_names}
     results = {
         "task": cfg.task, "model": cfg.model, "preset": cfg.preset, "seed": cfg.seed, "device": cfg.device,
         "steps": step, "wall_s": round(train_time, 2),
         "ms_per_step": round(1000 * train_time / step, 3) if step else None,
-        "metrics": {"iid": final.get("iid"), "valid": best["valid"], "test": best["test"]},
-        "final_metrics": {s: final.get(s) for s in eval_splits},
-        "best_step": best["step"], "steps_this_invocation": steps_run,
+        "metrics": metrics, "final_metrics": {k: final.get(k) for k in split_names},
+        "best_step": best["step"], "steps_this_invocation": step - start_step,
         "config": dataclasses.asdict(cfg),
     }
     with open(os.path.join(out_dir, "results.json"), "w") as f:
@@ -319,20 +424,10 @@ def train(cfg, out_dir, resume=False, progress=True):
     return results
 
 
-def _mean_gate(model, task, device, n=256):
-    """Mean copy-gate activation on a few IID samples (logged: a closed gate means "copy")."""
-    split = task.splits["iid"]
-    x, lengths, _ = next(tasks.eval_batches(split, n))
-    trace = []
-    with no_grad(), eval_mode():
-        model(backend.to_device(x, device), backend.to_device(lengths, device), trace=trace)
-    return round(float(np.mean([backend.to_numpy(g.data).mean() for _, g in trace])), 4)
-
-
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--task", default="ctl", help=f"one of: {', '.join(tasks.TASKS)}")
-    ap.add_argument("--model", default="ndr", help=f"one of: {', '.join(ARCHITECTURES)}")
+    ap.add_argument("--task", default="ctl", help="one of: " + ", ".join(t for f in FAMILIES for t in f.tasks))
+    ap.add_argument("--model", default="ndr", help="one of: " + ", ".join(m for f in FAMILIES for m in f.models))
     ap.add_argument("--device", default="cpu", help="cpu or gpu (needs CuPy: pip install cupy-cuda12x)")
     ap.add_argument("--preset", default="cpu", help="cpu (default; ~30 min on 2 cores) or paper (the paper's "
                     "hyperparameters, for a GPU)")
@@ -352,10 +447,7 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     try:
-        if args.task not in tasks.TASKS:
-            raise UsageError(f"unknown task {args.task!r}; valid tasks: {', '.join(tasks.TASKS)}")
-        if args.model not in ARCHITECTURES:
-            raise UsageError(f"unknown model {args.model!r}; valid models: {', '.join(ARCHITECTURES)}")
+        family_of(args.task)
         if args.device not in ("cpu", "gpu"):
             raise UsageError(f"unknown device {args.device!r}; valid devices: cpu, gpu")
         overrides = {}
@@ -363,7 +455,7 @@ def main(argv=None):
             if "=" not in item:
                 raise UsageError(f"--set expects KEY=VALUE, got {item!r}")
             key, value = item.split("=", 1)
-            overrides[key] = _parse_value(key, value)
+            overrides[key] = _parse_value(key, value, args.task)
         cfg = make_config(args.task, args.model, args.preset, seed=args.seed, device=args.device, steps=args.steps,
                           batch_size=args.batch_size, lr=args.lr, eval_every=args.eval_every, **overrides)
         out = args.out or os.path.join("runs", f"{args.task}-{args.model}-{args.preset}-s{args.seed}")

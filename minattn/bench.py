@@ -62,14 +62,20 @@ def bench_engine(device, repeat):
         for _ in range(K):
             y = y * 1.0001
         y.backward(xp.ones(4, dtype=np.float32))
+    def raw():
+        y = x.data
+        for _ in range(2 * K):  # the same array work without the engine: one multiply forward, one back
+            y = y * 1.0001
     t = timeit(step, xp, repeat) / K
-    print(f"engine  per-op overhead (mul fwd+bwd, 4 floats): {t * 1e6:6.2f} µs/op")
+    r = timeit(raw, xp, repeat) / K
+    print(f"engine  tiny mul, forward+backward: {t * 1e6:6.2f} µs/op, of which the array work itself "
+          f"{r * 1e6:5.2f} µs: engine overhead {(t - r) * 1e6:5.2f} µs/op")
 
 
 def bench_mlp(device, repeat):
     """A 2-layer MLP training step vs the raw matmuls it needs (fwd 2, bwd 3)."""
     xp = backend.get_xp(device)
-    print("mlp     2-layer MLP step (fwd+bwd+AdamW) vs its 5 raw matmuls")
+    print("mlp     2-layer MLP forward+backward vs the 5 raw matmuls it needs")
     for B, d in [(64, 64), (256, 256), (1024, 1024), (2048, 2048)]:
         rng = np.random.default_rng(0)
         l1, l2 = nn.Linear(d, d, rng=rng).to(device), nn.Linear(d, 10, rng=rng).to(device)
@@ -78,12 +84,12 @@ def bench_mlp(device, repeat):
         params = l1.parameters() + l2.parameters()
         opt = optim.AdamW(params, lr=1e-3)
 
-        def step():
+        def fwd_bwd():
             loss = F.cross_entropy(l2(F.relu(l1(x))), y)
             opt.zero_grad()
             loss.backward()
-            opt.step()
-        t = timeit(step, xp, repeat)
+        t = timeit(fwd_bwd, xp, repeat)
+        t_opt = timeit(opt.step, xp, repeat)
         a, w1, w2 = x.data, l1.weight.data, l2.weight.data
         h = a @ w1
         g = xp.ones((B, 10), np.float32)
@@ -91,11 +97,60 @@ def bench_mlp(device, repeat):
         def raw():
             a @ w1, h @ w2, g @ w2.T, h.T @ g, a.T @ h
         r = timeit(raw, xp, repeat)
-        print(f"        B={B:5d} d={d:5d}: step {t * 1e3:8.3f} ms   raw matmuls {r * 1e3:8.3f} ms   "
-              f"step/raw {t / r:5.2f}")
+        print(f"        B={B:5d} d={d:5d}: fwd+bwd {t * 1e3:8.3f} ms   raw matmuls {r * 1e3:8.3f} ms   "
+              f"ratio {t / r:5.2f}   (+ AdamW step {t_opt * 1e3:7.3f} ms)")
 
 
-SECTIONS = {"engine": bench_engine, "mlp": bench_mlp}
+def encoder_flops(B, T, cfg, gated):
+    """Matmul FLOPs of one training step of a shared-layer encoder (forward 2·M·N·K, ×3 with backward)."""
+    d, H = cfg.d_model, cfg.n_head
+    N = B * T
+    per_layer = N * d * 3 * d + N * d * d          # q, k, v and output projections
+    per_layer += 2 * B * T * T * d                  # Q Kᵀ and A V over all heads
+    per_layer += 2 * N * d * cfg.d_ff               # feed-forward
+    if gated:
+        per_layer += 2 * N * d * d                  # gate feed-forward
+    return 3 * 2 * per_layer * cfg.n_steps
+
+
+def bench_ndr(device, repeat):
+    """NDR on CTL at the cpu preset: a training step on a batch of CTL-sized sequences, and evaluation."""
+    from .engine import eval_mode, no_grad
+    from .models.transformer import Classifier, EncoderConfig
+    xp = backend.get_xp(device)
+    cfg = EncoderConfig(d_model=128, d_ff=256, n_head=1, n_steps=14, dropout=0.3, attention_dropout=0.1,
+                        gate_dropout=0.1)
+    B, T = 128, 7  # CTL training samples are 4–8 tokens with SOS/EOS; bucketing leaves little padding
+    model = Classifier("ndr", 19, 8, cfg).to(device)
+    rng = np.random.default_rng(0)
+    x = xp.asarray(rng.integers(0, 19, (B, T)))
+    lengths = xp.full(B, T)
+    y = xp.asarray(rng.integers(0, 8, B))
+    opt = optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)
+    run_rng = backend.RNG(0, device)
+
+    def step():
+        model.set_rng(run_rng)
+        loss = F.cross_entropy(model(x, lengths), y)
+        opt.zero_grad()
+        loss.backward()
+        optim.clip_grad_norm(model.parameters(), 5.0)
+        opt.step()
+
+    def evaluate():
+        with no_grad(), eval_mode():
+            model(x, lengths)
+    peak = matmul_peak(device)
+    t = timeit(step, xp, repeat, min_time=1.0)
+    te = timeit(evaluate, xp, repeat, min_time=1.0)
+    flops = encoder_flops(B, T, cfg, gated=True)
+    print(f"ndr     CTL cpu preset (d=128, d_ff=256, 14 steps), batch {B}×{T}:")
+    print(f"        train {t * 1e3:7.1f} ms/step  {B * T / t:8.0f} tokens/s  {flops / 1e9:5.1f} GFLOP/step  "
+          f"MFU {flops / t / peak:4.2f} (peak {peak / 1e9:.0f} GFLOP/s)")
+    print(f"        eval  {te * 1e3:7.1f} ms/batch  train/eval time per sample {t / te:4.1f}×")
+
+
+SECTIONS = {"engine": bench_engine, "mlp": bench_mlp, "ndr": bench_ndr}
 
 
 def main(argv=None):

@@ -71,7 +71,7 @@ def test_results_json_has_every_field(tmp_path, capsys):
                 "best_step", "config"):
         assert key in res
     assert set(res["metrics"]) == {"iid", "valid", "test"}
-    assert res["config"]["encoder"]["d_model"] == 16 and res["config"]["lr"] == 3e-4
+    assert res["config"]["model_config"]["d_model"] == 16 and res["config"]["lr"] == 3e-4
     assert all(0 <= v <= 1 for v in res["metrics"].values())
 
 
@@ -82,7 +82,7 @@ def test_checkpoints_are_never_overwritten_by_another_run(tmp_path, capsys):
     code, err = run(TINY + ["--steps", "2", "--out", out], capsys)                 # no --resume
     assert code == 2 and "--resume" in err
     code, err = run(TINY + ["--steps", "4", "--out", out, "--resume", "--set", "d_model=32"], capsys)
-    assert code == 2 and "different run" in err and "encoder" in err
+    assert code == 2 and "different run" in err and "model_config" in err
     assert open(tmp_path / "checkpoint.pkl", "rb").read() == before
 
 
@@ -99,12 +99,12 @@ def test_bad_set_values_are_clear_errors(tmp_path, capsys):
 
 def test_paper_preset_matches_the_spec_table():
     cfg = train.make_config("ctl-backward", "ndr", "paper")
-    e = cfg.encoder
+    e = cfg.model_config
     assert (e.d_model, e.d_ff, e.n_head, e.n_steps, cfg.lr, cfg.weight_decay) == (256, 512, 1, 14, 1.5e-4, 0.01)
     assert (e.dropout, e.attention_dropout, e.gate_dropout, cfg.steps, cfg.batch_size) == (0.5, 0.1, 0.1, 30000, 512)
     assert cfg.grad_clip == 5 and cfg.batching == "bucketed" and e.readout == "eos"
     lo = train.make_config("listops", "ndr", "paper")
-    assert lo.encoder.readout == "sos" and lo.encoder.n_steps_eval == 24 and lo.grad_clip == 1
+    assert lo.model_config.readout == "sos" and lo.model_config.n_steps_eval == 24 and lo.grad_clip == 1
     assert train.make_config("ctl", "transformer", "paper").batching == "random"
 
 
