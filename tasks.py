@@ -1,0 +1,858 @@
+"""Data for the Neural Data Router tasks (spec ndr.md §7) behind one small interface (design guide §6).
+
+Every task is a ClassificationTask: a vocabulary of input tokens, a list of classes, a readout column and
+four named splits (spec names.md): ``train``, ``iid`` (reported IID), ``valid`` (deeper, model selection)
+and ``test`` (deepest, reported "Test"/"Longer").
+
+    task = get_task("ctl")                        # generated once, then cached on disk
+    train = batches(task.splits["train"], 512, np.random.default_rng(0), "bucketed")   # endless
+    x, lengths, y = next(train)                   # x: (B, T) rows [SOS, x_1..x_n, EOS] + 0-padding
+    for x, lengths, y in eval_batches(task.splits["test"], 1024):
+        ...
+
+Token ids: the task's input tokens are 0..V-1 (V = len(task.vocab)); the model adds EOS = V and
+SOS = V+1 (spec §1.1). Depths are given in the paper's convention: the number of operations
+(CTL: composition length; arithmetic: code depth - 1; ListOps: dependency depth - 1).
+
+Generated data is cached under ``cache_dir`` (default: $MINATTN_CACHE or ~/.cache/minattn) in an .npz
+file named by a hash of every generation parameter; it is written atomically, and an unreadable file
+is regenerated. Command line: ``python tasks.py export --task ctl --out DIR`` and
+``python tasks.py stats --task ctl``.
+
+Only NumPy, tqdm and the standard library are used: nothing in minattn/ depends on this file.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import itertools
+import json
+import math
+import os
+import sys
+import tempfile
+import warnings
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+from tqdm import tqdm
+
+FORMAT_VERSION = 1  # bump whenever a generator or the file layout changes: old cache files are ignored
+
+
+# ----------------------------------------------------------------------------------------------------
+# Containers
+# ----------------------------------------------------------------------------------------------------
+
+class Ragged:
+    """A read-only sequence of 1-D int64 arrays stored as one flat array plus offsets.
+
+    Behaves like a list of arrays (``len``, ``x[i]``, iteration), but 1,000,000 ListOps samples cost
+    one array instead of a million small objects. ``x[i]`` is a view of ``tokens``.
+    """
+
+    def __init__(self, tokens, offsets):
+        self.tokens = np.asarray(tokens, dtype=np.int64)
+        self.offsets = np.asarray(offsets, dtype=np.int64)
+
+    @classmethod
+    def from_list(cls, seqs):
+        lengths = np.array([len(s) for s in seqs], dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        tokens = np.concatenate([np.asarray(s, dtype=np.int64) for s in seqs]) if len(seqs) else []
+        return cls(tokens, offsets)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def __len__(self):
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i):
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        i %= len(self)
+        return self.tokens[self.offsets[i]:self.offsets[i + 1]]
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def reversed_rows(self) -> "Ragged":
+        """Every sequence reversed (used for the backward CTL presentation)."""
+        lengths = self.lengths
+        starts = np.repeat(self.offsets[:-1], lengths)
+        pos = np.arange(len(self.tokens)) - starts
+        return Ragged(self.tokens[starts + np.repeat(lengths, lengths) - 1 - pos], self.offsets)
+
+
+@dataclass
+class ClassificationSplit:
+    """One split: ``inputs[i]`` (token ids, no SOS/EOS) has class ``labels[i]`` and paper depth ``depths[i]``."""
+    inputs: Ragged          # N sequences of int64 ids in 0..V-1 (a list of arrays works too)
+    labels: np.ndarray      # (N,) int64 class ids
+    depths: np.ndarray      # (N,) int64 depth in the paper's convention (number of operations)
+    vocab_size: int = None  # V of the task (EOS = V, SOS = V + 1); set by the task
+
+    def __len__(self):
+        return len(self.labels)
+
+
+class ClassificationTask:
+    """Base class: vocabulary, classes, readout column and the splits of one task.
+
+    Subclasses set the class attributes and implement ``_params`` (every generation parameter, hashed
+    into the cache file name) and ``_generate`` (returns {split: ClassificationSplit}).
+    """
+    name: str = ""
+    vocab: list = []          # input tokens; id = index
+    classes: list = []        # class names; class id = index
+    readout: str = "eos"      # column read by the classifier: "eos" (index n+1) or "sos" (index 0), spec §1.4
+    char_level = False        # True: one token per character; False: tokens separated by spaces
+    cache_key = None          # tasks that share data (ctl, ctl-backward) share a cache file
+
+    def __init__(self, seed: int = 0, cache_dir=None):
+        self.seed = seed
+        self._index = {t: i for i, t in enumerate(self.vocab)}
+        params = {"seed": seed, "vocab": list(self.vocab), "classes": list(self.classes), **self._params()}
+        self.splits = load_or_generate(self.cache_key or self.name, params, self._generate, cache_dir)
+        for s in self.splits.values():
+            s.vocab_size = len(self.vocab)
+
+    def _params(self) -> dict:
+        raise NotImplementedError
+
+    def _generate(self) -> dict:
+        raise NotImplementedError
+
+    def tokenize(self, text: str) -> list:
+        return [c for c in text if not c.isspace()] if self.char_level else text.split()
+
+    def encode(self, text: str) -> np.ndarray:
+        """Text -> int64 ids (no SOS/EOS). Raises ValueError naming the first unknown token."""
+        ids = []
+        for tok in self.tokenize(text):
+            if tok not in self._index:
+                raise ValueError(f"{self.name}: unknown token {tok!r} (vocabulary: {' '.join(self.vocab)})")
+            ids.append(self._index[tok])
+        return np.array(ids, dtype=np.int64)
+
+    def decode(self, ids) -> str:
+        """Ids -> text; the inverse of encode (ids V and V+1 are shown as <eos> and <sos>)."""
+        names = list(self.vocab) + ["<eos>", "<sos>"]
+        return ("" if self.char_level else " ").join(names[int(i)] for i in ids)
+
+    def __repr__(self):
+        sizes = ", ".join(f"{k}={len(v)}" for k, v in self.splits.items())
+        return f"<{type(self).__name__} {self.name!r}: V={len(self.vocab)}, {len(self.classes)} classes, {sizes}>"
+
+
+def _split(seqs, labels, depths) -> ClassificationSplit:
+    inputs = seqs if isinstance(seqs, Ragged) else Ragged.from_list(seqs)
+    return ClassificationSplit(inputs, np.asarray(labels, np.int64), np.asarray(depths, np.int64))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Batching (spec §1.1 for the layout, §6.4 for the order)
+# ----------------------------------------------------------------------------------------------------
+
+def collate(seqs, V: int):
+    """Sequences -> (x, lengths): x (B, T) int64 rows [SOS, x_1..x_n, EOS] right-padded with 0 to the
+    longest row, lengths (B,) = n + 2. EOS = V, SOS = V + 1 (spec §1.1)."""
+    if isinstance(seqs, Ragged):
+        return _collate_ragged(seqs, np.arange(len(seqs)), V)
+    lengths = np.array([len(s) for s in seqs], dtype=np.int64) + 2
+    x = np.zeros((len(seqs), lengths.max(initial=2)), dtype=np.int64)
+    x[:, 0] = V + 1
+    for row, s in zip(x, seqs):
+        row[1:len(s) + 1] = s
+    x[np.arange(len(seqs)), lengths - 1] = V
+    return x, lengths
+
+
+def _collate_ragged(inputs: Ragged, idx, V: int):
+    """collate() for rows idx of a Ragged, without a Python loop."""
+    n = inputs.offsets[idx + 1] - inputs.offsets[idx]
+    B = len(idx)
+    x = np.zeros((B, n.max(initial=0) + 2), dtype=np.int64)
+    x[:, 0] = V + 1
+    rows = np.repeat(np.arange(B), n)
+    cols = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)        # position inside each sequence
+    x[rows, cols + 1] = inputs.tokens[np.repeat(inputs.offsets[idx], n) + cols]
+    x[np.arange(B), n + 1] = V
+    return x, n + 2
+
+
+def _vocab_size(split: ClassificationSplit, V):
+    V = split.vocab_size if V is None else V
+    if V is None:
+        raise TypeError("the split does not know its vocabulary size: pass V=len(task.vocab)")
+    return V
+
+
+def batches(split: ClassificationSplit, batch_size: int, rng: np.random.Generator, mode: str = "bucketed",
+            V: int = None):
+    """Endless training batches (x, lengths, y) of exactly batch_size samples (layout: see collate).
+
+    mode "bucketed" (spec §6.4): each pass shuffles the split, drops the remainder, stable-sorts by input
+    length, cuts consecutive batches and visits them in random order, so each sample appears at most
+    once per pass and padding is rare. mode "random": batch_size indices uniformly with replacement.
+    All randomness comes from rng, so a seeded Generator gives the same stream. V defaults to
+    split.vocab_size.
+    """
+    V = _vocab_size(split, V)
+    inputs, labels, N = split.inputs, split.labels, len(split)
+    as_ragged = inputs if isinstance(inputs, Ragged) else Ragged.from_list(list(inputs))
+    if mode == "random":
+        while True:
+            idx = rng.integers(0, N, batch_size)
+            yield (*_collate_ragged(as_ragged, idx, V), labels[idx])
+    if mode != "bucketed":
+        raise ValueError(f"unknown batching mode {mode!r} (valid: bucketed, random)")
+    if N < batch_size:
+        raise ValueError(f"split of {N} samples is smaller than one batch of {batch_size}")
+    lengths = as_ragged.lengths
+    n_batches = N // batch_size
+    while True:
+        perm = rng.permutation(N)[:n_batches * batch_size]                # shuffle, drop the remainder
+        perm = perm[np.argsort(lengths[perm], kind="stable")]             # stable sort by length
+        for b in rng.permutation(n_batches):                              # batches in random order
+            idx = perm[b * batch_size:(b + 1) * batch_size]
+            yield (*_collate_ragged(as_ragged, idx, V), labels[idx])
+
+
+def eval_batches(split: ClassificationSplit, batch_size: int, V: int = None, return_index: bool = False):
+    """One deterministic pass over the split: (x, lengths, y) batches in order of input length (stable),
+    the last one partial. With return_index=True each batch also carries the sample indices (e.g. to
+    look up split.depths for per-depth accuracy)."""
+    V = _vocab_size(split, V)
+    inputs = split.inputs if isinstance(split.inputs, Ragged) else Ragged.from_list(list(split.inputs))
+    order = np.argsort(inputs.lengths, kind="stable")
+    for start in range(0, len(order), batch_size):
+        idx = order[start:start + batch_size]
+        out = (*_collate_ragged(inputs, idx, V), split.labels[idx])
+        yield (*out, idx) if return_index else out
+
+
+# ----------------------------------------------------------------------------------------------------
+# Disk cache
+# ----------------------------------------------------------------------------------------------------
+
+def default_cache_dir() -> str:
+    return os.environ.get("MINATTN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "minattn")
+
+
+def _meta(name: str, params: dict) -> str:
+    return json.dumps({"format": FORMAT_VERSION, "task": name, **params}, sort_keys=True)
+
+
+def cache_path(name: str, params: dict, cache_dir=None) -> str:
+    """The cache file of a dataset: its name hashes the format version and every generation parameter."""
+    digest = hashlib.sha256(_meta(name, params).encode()).hexdigest()[:16]
+    return os.path.join(cache_dir or default_cache_dir(), f"{name}-{digest}.npz")
+
+
+def load_or_generate(name: str, params: dict, generate, cache_dir=None) -> dict:
+    """Load {split: ClassificationSplit} from the cache, or call generate() and cache its result.
+
+    A missing, truncated, corrupted or mismatching file is regenerated (with a warning unless missing);
+    failing to write the cache only warns.
+    """
+    path, meta = cache_path(name, params, cache_dir), _meta(name, params)
+    if os.path.exists(path):
+        try:
+            return _load(path, meta, len(params["vocab"]), len(params["classes"]))
+        except Exception as e:  # any damage (zip, CRC, header, shapes) just means "generate again"
+            warnings.warn(f"unreadable cache file {path} ({type(e).__name__}: {e}); regenerating")
+    splits = generate()
+    try:
+        _save(path, meta, splits)
+    except OSError as e:
+        warnings.warn(f"could not write cache file {path}: {e}")
+    return splits
+
+
+def _save(path: str, meta: str, splits: dict):
+    arrays = {"meta": np.array(meta), "splits": np.array(json.dumps(list(splits)))}
+    for k, s in splits.items():
+        inputs = s.inputs if isinstance(s.inputs, Ragged) else Ragged.from_list(list(s.inputs))
+        arrays[f"{k}.tokens"] = inputs.tokens.astype(np.uint8)   # every vocabulary here has < 256 tokens
+        arrays[f"{k}.offsets"] = inputs.offsets
+        arrays[f"{k}.labels"] = s.labels
+        arrays[f"{k}.depths"] = s.depths
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    # Write a temporary file in the same directory, then rename: readers never see a half-written file.
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-", suffix=".npz")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _load(path: str, meta: str, V: int, n_classes: int) -> dict:
+    with np.load(path, allow_pickle=False) as f:
+        if str(f["meta"]) != meta:
+            raise ValueError("parameters differ (hash collision or edited file)")
+        splits = {}
+        for k in json.loads(str(f["splits"])):
+            tokens, offsets = f[f"{k}.tokens"].astype(np.int64), f[f"{k}.offsets"]
+            labels, depths = f[f"{k}.labels"], f[f"{k}.depths"]
+            n = len(labels)
+            ok = (len(offsets) == n + 1 and len(depths) == n and offsets[0] == 0
+                  and offsets[-1] == len(tokens) and np.all(np.diff(offsets) >= 0)
+                  and np.all(tokens < V) and np.all((labels >= 0) & (labels < n_classes)))
+            if not ok:
+                raise ValueError(f"split {k!r} is inconsistent")
+            splits[k] = ClassificationSplit(Ragged(tokens, offsets), labels.astype(np.int64), depths.astype(np.int64))
+    return splits
+
+
+def _rng(seed: int, name: str) -> np.random.Generator:
+    """An independent, reproducible stream per (seed, task/split) pair."""
+    return np.random.default_rng([seed, zlib.crc32(name.encode())])
+
+
+# ----------------------------------------------------------------------------------------------------
+# Compositional table lookup (spec §7.1)
+# ----------------------------------------------------------------------------------------------------
+
+CTL_SEED = 0x12345678
+
+
+def ctl_tables() -> np.ndarray:
+    """The 11 tables a..k: permutation(8) drawn in order from RandomState(0x12345678) (spec §7.1.2)."""
+    rs = np.random.RandomState(CTL_SEED)
+    return np.stack([rs.permutation(8) for _ in range(11)])
+
+
+class CTLTask(ClassificationTask):
+    """Compositional table lookup, forward presentation (spec §7.1; code ``ctl.reversed=1``).
+
+    Eleven random bijections a..k of the 8 symbols 000..111 (ids 0..7; letters are ids 8..18). The
+    input is the argument followed by the functions in the order they are applied; the answer (one of
+    the 8 symbols) is read at EOS. Worked example, with d = [4,2,1,5,0,7,3,6], a = [6,1,5,7,0,4,2,3],
+    b = [6,5,7,3,2,0,4,1]:
+
+        "101 d a b"  means b(a(d(101))):  d(5) = 7, a(7) = 3, b(3) = 3  ->  class "011" (id 3)
+        ids [5, 11, 8, 9]  ->  model input [SOS=20, 5, 11, 8, 9, EOS=19], depth 3
+
+    Splits (names.md): train (53,704; depth 1-5), iid (the spec's valid-IID, 4,000; depth 2-5), valid
+    (deeper_val, 1,000; depth 6-8), test (deeper, "Longer", 1,000; depth 9-10). The spec's test-IID
+    (4,000) is held out of train but not exposed. ``seed`` only chooses which pool items become
+    test-IID/valid-IID (the official code used an unseeded RNG there); everything else replays the
+    fixed RandomState(0x12345678) draw order of spec §7.1.5.
+    """
+    name = "ctl"
+    cache_key = "ctl"
+    SYMBOLS = [f"{i:03b}" for i in range(8)]
+    LETTERS = list("abcdefghijk")
+    vocab = SYMBOLS + LETTERS
+    classes = SYMBOLS
+    readout = "eos"
+    backward = False
+    N_COMPOSED = 9          # only a..i appear in compositions (§7.1.2)
+
+    def __init__(self, seed: int = 0, cache_dir=None):
+        super().__init__(seed, cache_dir)
+        if self.backward:  # the cache stores the forward presentation; backward is its mirror image
+            self.splits = {k: ClassificationSplit(s.inputs.reversed_rows(), s.labels, s.depths, s.vocab_size)
+                           for k, s in self.splits.items()}
+
+    def _params(self):
+        return {"rng": CTL_SEED, "n_tables": 11, "n_composed": self.N_COMPOSED, "max_depth": 5,
+                "reserve_max": 200, "iid_pool": 61_136, "n_test_iid": 4_000, "deeper_val": [6, 8, 1_000],
+                "deeper": [9, 10, 1_000], "repeats": 30, "presentation": "forward"}
+
+    def encode_sample(self, arg: int, comp) -> list:
+        """Forward ids of c_1(...c_n(arg)) for comp = (c_1..c_n): [arg, c_n, ..., c_1] (§7.1.4)."""
+        return [arg] + [8 + c for c in reversed(comp)]
+
+    def _generate(self):
+        rs = np.random.RandomState(CTL_SEED)
+        tables = np.stack([rs.permutation(8) for _ in range(11)])                    # §7.1.2
+
+        def unique(n, draw):
+            """Draw (arg, comp) pairs until n distinct ones exist (dict keeps first-seen order)."""
+            out = {}
+            while len(out) < n:
+                arg, comp = draw()
+                out.setdefault((int(arg), tuple(int(c) for c in comp)), None)
+            return list(out)
+
+        # §7.1.6 reserved compositions: ceil(min(200, 9^d / 4)) per depth 0..5 -> 1+3+21+183+200+200 = 608
+        reserved = set()
+        for d in range(6):
+            target = len(reserved) + math.ceil(min(200, 0.25 * self.N_COMPOSED ** d))
+            while len(reserved) < target:
+                reserved.add(tuple(rs.randint(self.N_COMPOSED, size=d).tolist()))
+
+        # §7.1.7 IID pool: composition (5 draws, then its length 2..5), redrawn while reserved; then argument
+        def draw_iid():
+            while True:
+                comp = tuple(rs.randint(self.N_COMPOSED, size=5)[:rs.randint(2, 6)].tolist())
+                if comp not in reserved:
+                    return rs.randint(8), comp
+        n_comps = sum(self.N_COMPOSED ** d for d in range(2, 6))                      # 66,420
+        n_iid, n_test = 8 * n_comps // 10, 4_000                                     # 53,136 and 4,000
+        pool = unique(n_iid + 2 * n_test, draw_iid)                                  # 61,136
+
+        # §7.1.5: the two unreported "new primitive" sets use tables j (9) and k (10); they are drawn only
+        # to keep the RandomState in step for deeper_val and deeper.
+        def draw_new_primitive_1():
+            arg = rs.randint(8)
+            comp = rs.randint(10, size=5)[:rs.randint(2, 6)]
+            comp[rs.randint(len(comp))] = 9
+            return arg, comp
+
+        def draw_new_primitive_2():
+            arg = rs.randint(8)
+            comp = rs.randint(10, size=5)[:rs.randint(2, 6)]
+            comp[comp == 9] = 10
+            comp[rs.randint(len(comp))] = 10
+            return arg, comp
+        unique(1_000, draw_new_primitive_1)
+        unique(3_000, draw_new_primitive_2)
+
+        # §7.1.10: argument first, then the composition (first randint(lo, hi+1) of `size` draws)
+        deeper_val = unique(1_000, lambda: (rs.randint(8), rs.randint(9, size=8)[:rs.randint(6, 9)]))
+        deeper = unique(1_000, lambda: (rs.randint(8), rs.randint(9, size=10)[:rs.randint(9, 11)]))
+
+        # §7.1.8: 8,000 pool items go to test-IID (first 4,000) and valid-IID (= our "iid"); the rest train
+        held = _rng(self.seed, "ctl/iid-split").choice(len(pool), 2 * n_test, replace=False)
+        is_train = np.ones(len(pool), bool)
+        is_train[held] = False
+        iid = [pool[i] for i in np.sort(held[n_test:])]
+
+        # §7.1.9 train = 88 single tables + 53,136 IID + tables j, k x 8 arguments x 30 repeats = 53,704
+        basic = [(a, (t,)) for t in range(11) for a in range(8)]
+        repeats = [(a, (t,)) for t in (9, 10) for _ in range(30) for a in range(8)]
+        train = basic + [p for p, keep in zip(pool, is_train) if keep] + repeats
+
+        def make(samples):
+            labels = []
+            for arg, comp in samples:
+                y = arg
+                for c in reversed(comp):        # c_1(c_2(...c_n(x))): apply c_n first (§7.1.3)
+                    y = tables[c][y]
+                labels.append(y)
+            return _split([self.encode_sample(a, c) for a, c in samples], labels, [len(c) for _, c in samples])
+
+        return {"train": make(train), "iid": make(iid), "valid": make(deeper_val), "test": make(deeper)}
+
+
+class CTLBackwardTask(CTLTask):
+    """CTL, backward presentation (spec §7.1.4; code ``ctl.reversed=0``): ordinary notation, functions
+    first and the argument last. The same samples as ``ctl``, each sequence reversed:
+
+        "b a d 101"  means b(a(d(101))) = 011 (class 3);  ids [9, 8, 11, 5]
+
+    The answer is still read at EOS.
+    """
+    name = "ctl-backward"
+    backward = True
+
+
+# ----------------------------------------------------------------------------------------------------
+# Simple arithmetic (spec §7.2)
+# ----------------------------------------------------------------------------------------------------
+
+def _uniform_stream(rng: np.random.Generator):
+    """Endless U[0, 1) floats drawn from rng in blocks: a Python call per draw is the bottleneck of the
+    recursive samplers. Integers use int(u * k) (bias below 1e-15)."""
+    return itertools.chain.from_iterable(iter(lambda: rng.random(1 << 16).tolist(), None)).__next__
+
+
+def arith_sample(u, min_depth: int, max_depth: int, p: float):
+    """One draw of the get_one sampler of spec §7.2.3 (code depths); u() yields U[0, 1) floats.
+
+    Returns (expression, value mod 10, code depth). Draw order as in the code: children before the
+    operator; while too shallow, a fresh get(2) subtree becomes the LEFT operand of a new root. (The
+    code also draws an unused rand() there; it does not change the distribution and is not drawn.)
+    """
+    def node(a, b):
+        op = int(u() * 2)
+        value = (a[1] + b[1]) % 10 if op == 0 else (a[1] * b[1]) % 10
+        return f"({a[0]}{'+*'[op]}{b[0]})", value, 1 + max(a[2], b[2])
+
+    def get(d):
+        if d >= max_depth or u() > p:
+            v = int(u() * 10)
+            return str(v), v, 1
+        a = get(d + 1)
+        return node(a, get(d + 1))
+
+    s = get(1)
+    while s[2] < min_depth:
+        s = node(get(2), s)
+    return s
+
+
+def balanced_bins(n: int, lo: int, hi: int) -> dict:
+    """Split n over depths lo..hi as ceil(remaining / depths left) per depth (spec §7.2.4)."""
+    bins, remaining = {}, n
+    for d in range(lo, hi + 1):
+        bins[d] = math.ceil(remaining / (hi - d + 1))
+        remaining -= bins[d]
+    return bins
+
+
+class ArithTask(ClassificationTask):
+    """Simple arithmetic mod 10 (spec §7.2): fully bracketed + and * over digits, one token per character.
+
+    Worked example: "((3+4)*(5*2))": 3+4 = 7 and 5*2 = 10 -> 0 (every node is reduced mod 10), so the
+    answer is 7*0 = 0 (class "0"). Code depth: leaf 1, node 1 + max(children) = 3, so its paper
+    depth (what ``depths`` stores) is 3 - 1 = 2. Ids: "(" 0, ")" 1, "+" 2, "*" 3, digit k -> 4 + k:
+    [0, 0, 7, 2, 8, 1, 3, 0, 9, 3, 6, 1, 1].
+
+    Splits (code depths; p = probability of an operation; at most 50 characters):
+      train  basic 200 "(a op b)" + 25,000 each at depths 3..6, p 0.2   (100,200; paper depth 1-5)
+      iid    basic 200 + 250 each at depths 3..6, p 0.2                 (1,200; 1-5)
+      valid  1,000 at depth 7, p 0.3                                    (6)
+      test   500 each at depths 8 and 9, p 0.3                          (7-8)
+    The basic set is in both train and iid; no other overlap is removed (§7.2.5). Sizes are the
+    balanced part (the basic 200 come on top) and may be shrunk for tests.
+
+    Readout: "eos" is the default, as for NDR and "+ abs/rel + gate"; the code's "Transformer" and
+    "+ rel" arithmetic baselines read SOS instead (spec §1.4) -- the trainer chooses per model.
+    """
+    name = "arith"
+    DIGITS = [str(i) for i in range(10)]
+    vocab = ["(", ")", "+", "*"] + DIGITS
+    classes = DIGITS
+    readout = "eos"
+    char_level = True
+    SPLITS = {"train": (2, 6, 0.2), "iid": (2, 6, 0.2), "valid": (7, 7, 0.3), "test": (8, 9, 0.3)}
+
+    def __init__(self, seed: int = 0, cache_dir=None, n_train: int = 100_000, n_iid: int = 1_000,
+                 n_valid: int = 1_000, n_test: int = 1_000, max_length: int = 50):
+        self.sizes = {"train": n_train, "iid": n_iid, "valid": n_valid, "test": n_test}
+        self.max_length = max_length
+        super().__init__(seed, cache_dir)
+
+    def _params(self):
+        return {"splits": self.SPLITS, "sizes": self.sizes, "max_length": self.max_length, "sampler": 1}
+
+    def basic_set(self):
+        """All 200 "(a op b)" (§7.2.5)."""
+        return [(f"({a}{op}{b})", (a + b) % 10 if op == "+" else (a * b) % 10, 2)
+                for op in "+*" for a in range(10) for b in range(10)]
+
+    def _balanced(self, split: str, lo: int, hi: int, p: float, n: int):
+        """Rejection-sample n distinct expressions with balanced code depths lo..hi (§7.2.3-4)."""
+        u = _uniform_stream(_rng(self.seed, f"arith/{split}"))
+        bins, seen, out = balanced_bins(n, lo, hi), set(), []
+        with tqdm(total=n, desc=f"arith {split}", disable=None, leave=False) as bar:
+            while len(out) < n:
+                s = arith_sample(u, lo, hi, p)
+                if len(s[0]) > self.max_length or s[0] in seen:   # too long: resample; repeats: rejected
+                    continue
+                seen.add(s[0])
+                if bins.get(s[2], 0) > 0:
+                    bins[s[2]] -= 1
+                    out.append(s)
+                    bar.update()
+        return out
+
+    def _generate(self):
+        lut = np.zeros(256, np.int64)
+        lut[[ord(t) for t in self.vocab]] = np.arange(len(self.vocab))
+        splits = {}
+        for split, (lo, hi, p) in self.SPLITS.items():
+            samples = self.basic_set() if lo == 2 else []
+            samples += self._balanced(split, max(lo, 3), hi, p, self.sizes[split])
+            seqs = [lut[np.frombuffer(e.encode(), np.uint8)] for e, _, _ in samples]
+            splits[split] = _split(seqs, [v for _, v, _ in samples], [d - 1 for _, _, d in samples])
+        return splits
+
+
+# ----------------------------------------------------------------------------------------------------
+# ListOps with dependency depth (spec §7.3), vectorised
+# ----------------------------------------------------------------------------------------------------
+#
+# The sampler of §7.3.3 is a recursive branching process, and the deep sets are rare events (about 1 in
+# 15,000 draws reaches dependency depth 9 within 50 length units), so a one-tree-at-a-time Python sampler
+# needs ~15 minutes for the spec's sets. Here a whole chunk of independent draws grows breadth-first with
+# NumPy: every node makes the same independent choices as in §7.3.3 (leaf vs operation, argument count,
+# digit, operation), only in a different order of the random stream, so the distribution is exactly the
+# spec's. A draw whose length already exceeds the limit stops growing (its remaining nodes stay leaves):
+# it is rejected either way, because the length only grows.
+
+LISTOPS_OPS = ["[MIN", "[MAX", "[MED", "[SM"]
+_CLOSE, _OP0, _DIGIT0 = 0, 1, 5   # ids of "]", the first operation and digit 0 in ListOpsTask.vocab
+
+
+def _apply_ops(op, nargs, cval, ctd, cdd, clen):
+    """Evaluate operations whose arguments are consecutive segments of the child arrays (§7.3.1, §7.3.4).
+
+    op, nargs: (K,) operation ids (MIN, MAX, MED, SM) and argument counts (2..5); c*: value, tree depth,
+    dependency depth and length of the sum(nargs) arguments. Returns the same four for the K results.
+    """
+    starts = np.cumsum(nargs) - nargs
+    seg = np.repeat(np.arange(len(nargs)), nargs)
+    pos = np.arange(len(cval)) - starts[seg]                       # argument position, < 8
+    # MIN/MAX select the FIRST argument holding the extreme value: break ties by position in the key.
+    i_min = starts + np.minimum.reduceat(cval * 8 + pos, starts) % 8
+    i_max = starts + 7 - np.maximum.reduceat(cval * 8 + (7 - pos), starts) % 8
+    # MED: sort each segment by value, ties in argument order (the keys are unique, so this is stable);
+    # the middle one or two arguments decide both the value and the dependency depth.
+    order = np.argsort(seg * 128 + cval * 8 + pos)
+    i_lo, i_hi = order[starts + (nargs - 1) // 2], order[starts + nargs // 2]
+    val = np.choose(op, [cval[i_min], cval[i_max], (cval[i_lo] + cval[i_hi]) // 2,
+                         np.add.reduceat(cval, starts) % 10])
+    dd = 1 + np.choose(op, [cdd[i_min], cdd[i_max], np.maximum(cdd[i_lo], cdd[i_hi]),
+                            np.maximum.reduceat(cdd, starts)])
+    return val, 1 + np.maximum.reduceat(ctd, starts), dd, 3 + np.add.reduceat(clen, starts)
+
+
+def _grow(rng, owner, m, length, max_len, p_op, max_args):
+    """Grow one tree(m) (§7.3.3) for each entry of owner (the draw it belongs to), level by level.
+
+    length[draw] holds a running lower bound of the draw's length (3 per operation, 1 per leaf or
+    pending node) and is updated in place. Returns levels [(nargs, digit, op)], root level first; the
+    children of level l are level l+1 in parent order.
+    """
+    levels = []
+    while len(owner):
+        k = len(owner)
+        grow = (rng.random(k) <= p_op) & (length[owner] <= max_len) if m > 1 else np.zeros(k, bool)
+        nargs = np.where(grow, rng.integers(2, max_args + 1, k), 0)
+        digit, op = rng.integers(0, 10, k), rng.integers(0, 4, k)
+        np.add.at(length, owner[grow], 2 + nargs[grow])           # a leaf (1) becomes 3 + nargs
+        levels.append((nargs, digit, op))
+        owner, m = np.repeat(owner, nargs), m - 1
+    return levels
+
+
+def _evaluate(levels):
+    """Bottom-up (value, tree depth, dependency depth, length) of the roots of a grown forest."""
+    stats = None
+    for nargs, digit, op in reversed(levels):
+        one = np.ones(len(nargs), np.int64)
+        val, td, dd, ln = digit.copy(), one, one.copy(), one.copy()
+        is_op = nargs > 0
+        if is_op.any():
+            val[is_op], td[is_op], dd[is_op], ln[is_op] = _apply_ops(op[is_op], nargs[is_op], *stats)
+        stats = (val, td, dd, ln)
+    return stats
+
+
+class _ListOpsDraws:
+    """n independent draws of the §7.3.3 sampler for a depth range (lo, hi), made at once.
+
+    Attributes value, tree_depth, dep_depth, length: (n,) arrays (length > max_len for rejected draws,
+    whose trees were cut short). tokens(i) rebuilds the ids of draw i.
+    """
+
+    def __init__(self, rng, n, lo, hi, p_op=0.3, max_args=5, max_len=50):
+        length = np.ones(n, np.int64)
+        self.root = _grow(rng, np.arange(n), hi, length, max_len, p_op, max_args)
+        val, td, dd, ln = _evaluate(self.root)
+        # While the tree is shallower than lo: 2..max_args-1 fresh tree(hi-1) arguments, the old tree
+        # inserted at randint(#args) (never last), under a random operation. Each round wraps a subset
+        # of the previous round's draws, so draw i's wraps are rounds 0..k-1 for some k.
+        self.wraps = []
+        while True:
+            w = np.flatnonzero((td < lo) & (length <= max_len))
+            if not len(w):
+                break
+            k = len(w)
+            nn = rng.integers(2, max_args, k)
+            pos = rng.integers(0, nn)
+            op = rng.integers(0, 4, k)
+            length[w] += 3 + nn
+            levels = _grow(rng, np.repeat(w, nn), hi - 1, length, max_len, p_op, max_args)
+            aval, atd, add, aln = _evaluate(levels)
+            # Argument lists of the new roots: fresh arguments with the old tree at position pos.
+            total = nn + 1
+            seg = np.repeat(np.arange(k), total)
+            t = np.arange(total.sum()) - np.repeat(np.cumsum(total) - total, total)
+            old = t == pos[seg]
+            src = np.where(old, 0, np.repeat(np.cumsum(nn) - nn, total) + t - (t > pos[seg]))
+            def args(fresh, current):
+                return np.where(old, current[w][seg], fresh[src])
+            val[w], td[w], dd[w], ln[w] = _apply_ops(op, total, args(aval, val), args(atd, td),
+                                                     args(add, dd), args(aln, ln))
+            self.wraps.append((w, nn, pos, op, levels, np.cumsum(nn) - nn))
+        assert np.array_equal(ln, length)  # cut-short draws: the computed length is the bound, > max_len
+        self.value, self.tree_depth, self.dep_depth, self.length = val, td, dd, ln
+        self._lists = {}
+
+    def _level_lists(self, levels):
+        """Python lists (nargs, digit, op, first child) per level, for fast recursive emission."""
+        key = id(levels)
+        if key not in self._lists:
+            self._lists[key] = [(n.tolist(), d.tolist(), o.tolist(), (np.cumsum(n) - n).tolist())
+                                for n, d, o in levels]
+        return self._lists[key]
+
+    def _emit(self, levels, l, j, out):
+        nargs, digit, op, first = levels[l]
+        if nargs[j] == 0:
+            out.append(_DIGIT0 + digit[j])
+            return
+        out.append(_OP0 + op[j])
+        for c in range(first[j], first[j] + nargs[j]):
+            self._emit(levels, l + 1, c, out)
+        out.append(_CLOSE)
+
+    def tokens(self, i: int) -> list:
+        """Input ids of draw i (prefix order, as in "[MED 4 8 5 [MAX 8 4 9 ] ]")."""
+        rounds = []                                    # (op, #fresh args, position, first arg, levels)
+        for w, nn, pos, op, levels, first in self.wraps:
+            j = int(np.searchsorted(w, i))
+            if j == len(w) or w[j] != i:
+                break
+            rounds.append((int(op[j]), int(nn[j]), int(pos[j]), int(first[j]), self._level_lists(levels)))
+        out = []
+        self._emit_rounds(rounds, len(rounds) - 1, i, out)
+        return out
+
+    def _emit_rounds(self, rounds, r, i, out):
+        """Emit draw i as it was after wrap round r (r = -1: the first tree). A method rather than a
+        closure: a recursive closure is a reference cycle that would keep whole chunks alive."""
+        if r < 0:
+            return self._emit(self._level_lists(self.root), 0, i, out)
+        op, nn, pos, first, lists = rounds[r]
+        out.append(_OP0 + op)
+        for t in range(nn + 1):
+            if t == pos:
+                self._emit_rounds(rounds, r - 1, i, out)
+            else:
+                self._emit(lists, 0, first + t - (t > pos), out)
+        out.append(_CLOSE)
+
+
+class ListOpsTask(ClassificationTask):
+    """ListOps with dependency depth (spec §7.3, official variant "big"); the answer is read at SOS.
+
+    Tokens are space-separated: "]" 0, "[MIN" 1, "[MAX" 2, "[MED" 3, "[SM" 4, digit k -> 5 + k. Worked example:
+
+        "[MED 4 8 5 [MAX 8 4 9 ] ]":  MAX(8, 4, 9) = 9;  MED(4, 8, 5, 9): sorted 4 5 8 9, even count,
+        floor((5 + 8) / 2) = 6  ->  class "6";  ids [3, 9, 13, 10, 2, 13, 9, 14, 0, 0]
+
+    Tree depth 3, but the result depends only on the leaves 5 and 8 (the middle of the stable sort),
+    so the dependency depth is 2 and the paper depth (``depths``) is 1. Length 3 + 3 + 6 leaves = 12.
+
+    Splits (dependency depth; all with p_op 0.3, at most 5 arguments, length <= 50, distinct strings
+    within a split, equal bins of ceil(n / #depths)): train 2-6 (1,000,000), iid 2-6 (1,000), valid 7
+    (1,000), test 8-9 (1,000) -- paper depths 1-5, 1-5, 6, 7-8. As in the official code, train and iid
+    are drawn independently, so short iid samples also occur in train. Generating the full train set
+    takes a few minutes; it is cached. Sizes may be shrunk for tests.
+    """
+    name = "listops"
+    DIGITS = [str(i) for i in range(10)]
+    vocab = ["]"] + LISTOPS_OPS + DIGITS
+    classes = DIGITS
+    readout = "sos"
+    SPLITS = {"train": (2, 6), "iid": (2, 6), "valid": (7, 7), "test": (8, 9)}
+    CHUNK = 50_000   # draws per vectorised chunk (part of the generation parameters)
+
+    def __init__(self, seed: int = 0, cache_dir=None, n_train: int = 1_000_000, n_iid: int = 1_000,
+                 n_valid: int = 1_000, n_test: int = 1_000, p_op: float = 0.3, max_args: int = 5,
+                 max_length: int = 50):
+        self.sizes = {"train": n_train, "iid": n_iid, "valid": n_valid, "test": n_test}
+        self.p_op, self.max_args, self.max_length = p_op, max_args, max_length
+        super().__init__(seed, cache_dir)
+
+    def _params(self):
+        return {"splits": self.SPLITS, "sizes": self.sizes, "p_op": self.p_op, "max_args": self.max_args,
+                "max_length": self.max_length, "chunk": self.CHUNK, "sampler": 1}
+
+    def sample_set(self, split: str, lo: int, hi: int, n: int):
+        """n distinct samples with dependency depth in lo..hi, at most ceil(n / #depths) per depth (§7.3.5).
+
+        Returns (list of id lists, values, dependency depths).
+        """
+        rng = _rng(self.seed, f"listops/{split}")
+        left = {d: math.ceil(n / (hi - lo + 1)) for d in range(lo, hi + 1)}
+        seen, seqs, values, deps = set(), [], [], []
+        with tqdm(total=n, desc=f"listops {split}", disable=None, leave=False) as bar:
+            while len(seqs) < n:
+                draws = _ListOpsDraws(rng, self.CHUNK, lo, hi, self.p_op, self.max_args, self.max_length)
+                ok = (draws.length <= self.max_length) & (draws.dep_depth >= lo) & (draws.dep_depth <= hi)
+                for i in np.flatnonzero(ok).tolist():
+                    d = int(draws.dep_depth[i])
+                    if left[d] == 0:             # bin full (checked first: building the string costs more)
+                        continue
+                    key = bytes(draws.tokens(i))
+                    if key in seen:              # duplicate string
+                        continue
+                    seen.add(key)
+                    left[d] -= 1
+                    seqs.append(key)
+                    values.append(int(draws.value[i]))
+                    deps.append(d)
+                    bar.update()
+                    if len(seqs) == n:
+                        break
+        return seqs, values, deps
+
+    def _generate(self):
+        splits = {}
+        for split, (lo, hi) in self.SPLITS.items():
+            seqs, values, deps = self.sample_set(split, lo, hi, self.sizes[split])
+            offsets = np.concatenate([[0], np.cumsum([len(s) for s in seqs])])
+            tokens = np.frombuffer(b"".join(seqs), np.uint8).astype(np.int64)
+            splits[split] = _split(Ragged(tokens, offsets), values, np.array(deps) - 1)
+        return splits
+
+
+# ----------------------------------------------------------------------------------------------------
+# Registry and command line
+# ----------------------------------------------------------------------------------------------------
+
+TASKS = {"ctl": CTLTask, "ctl-backward": CTLBackwardTask, "arith": ArithTask, "listops": ListOpsTask}
+
+
+def get_task(name: str, seed: int = 0, cache_dir=None, **sizes) -> ClassificationTask:
+    """The task called name (see TASKS), generated from seed or loaded from the cache.
+
+    sizes: optional overrides such as n_train=... for quick tests; the defaults are the spec's.
+    """
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r} (valid: {', '.join(TASKS)})")
+    return TASKS[name](seed=seed, cache_dir=cache_dir, **sizes)
+
+
+def _main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="Generate, inspect and export the minattn tasks.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for cmd, text in [("export", "write DIR/<split>.tsv with input<TAB>label lines"),
+                      ("stats", "print split sizes and depth histograms")]:
+        p = sub.add_parser(cmd, help=text)
+        p.add_argument("--task", required=True, help=f"one of: {', '.join(TASKS)}")
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--cache-dir", default=None)
+        if cmd == "export":
+            p.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    try:
+        task = get_task(args.task, seed=args.seed, cache_dir=args.cache_dir)
+        if args.command == "stats":
+            print(task)
+            for k, s in task.splits.items():
+                hist = ", ".join(f"{d}: {c}" for d, c in zip(*np.unique(s.depths, return_counts=True)))
+                n = s.inputs.lengths
+                print(f"{k:>6}: {len(s):>9,} samples, {n.min()}-{n.max()} tokens, paper depth {{{hist}}}")
+        else:
+            os.makedirs(args.out, exist_ok=True)
+            for k, s in task.splits.items():
+                with open(os.path.join(args.out, f"{k}.tsv"), "w") as f:
+                    for seq, y in zip(s.inputs, s.labels.tolist()):
+                        f.write(" ".join(task.vocab[t] for t in seq.tolist()) + "\t" + task.classes[y] + "\n")
+            print(f"wrote {', '.join(f'{k}.tsv' for k in task.splits)} to {args.out}")
+    except (ValueError, OSError) as e:
+        print(f"tasks.py: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())
