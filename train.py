@@ -424,6 +424,28 @@ def train(cfg, out_dir, resume=False, progress=True):
     return results
 
 
+def report(paths):
+    """Markdown table of finished runs (their results.json) and each run's learning curve."""
+    rows, curves = [], []
+    for d in paths:
+        f = os.path.join(d, "results.json")
+        if not os.path.exists(f):
+            raise UsageError(f"{d} has no results.json (is the run finished?)")
+        r = json.load(open(f))
+        m = ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in r["metrics"].items())
+        rows.append(f"| {r['task']} | {r['model']} | {r['preset']} | {r['seed']} | {r['steps']} | {m} | "
+                    f"{r['best_step']} | {r['wall_s'] / 60:.1f} min | {r['ms_per_step']:.0f} |")
+        log = [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))]
+        keys = [k for k in log[-1] if k not in ("step", "wall_s")]
+        curves.append(f"\n{r['task']} / {r['model']} (seed {r['seed']}):\n\n| step | " + " | ".join(keys) +
+                      " |\n|" + "---|" * (len(keys) + 1) + "\n" +
+                      "\n".join(f"| {e['step']} | " + " | ".join(str(e.get(k, "")) for k in keys) + " |" for e in log))
+    print("| task | model | preset | seed | steps | metrics | best step | train time | ms/step |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n".join(rows))
+    print("\n".join(curves))
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--task", default="ctl", help="one of: " + ", ".join(t for f in FAMILIES for t in f.tasks))
@@ -441,12 +463,16 @@ def parse_args(argv=None):
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override any setting, e.g. --set d_model=64 --set n_steps=10 --set batching=random")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ap.add_argument("--report", nargs="+", metavar="DIR", help="print a markdown table of finished runs and exit")
     return ap.parse_args(argv)
 
 
 def main(argv=None):
     args = parse_args(argv)
     try:
+        if args.report:
+            report(args.report)
+            return 0
         family_of(args.task)
         if args.device not in ("cpu", "gpu"):
             raise UsageError(f"unknown device {args.device!r}; valid devices: cpu, gpu")
