@@ -198,6 +198,7 @@ def batches(split: ClassificationSplit, batch_size: int, rng: np.random.Generato
     mode "bucketed" (spec §6.4): each pass shuffles the split, drops the remainder, stable-sorts by input
     length, cuts consecutive batches and visits them in random order, so each sample appears at most
     once per pass and padding is rare. mode "random": batch_size indices uniformly with replacement.
+    mode "balanced": each batch draws one depth uniformly and batch_size samples of it with replacement.
     All randomness comes from rng, so a seeded Generator gives the same stream. V defaults to
     split.vocab_size.
     """
@@ -208,8 +209,16 @@ def batches(split: ClassificationSplit, batch_size: int, rng: np.random.Generato
         while True:
             idx = rng.integers(0, N, batch_size)
             yield (*_collate_ragged(as_ragged, idx, V), labels[idx])
+    if mode == "balanced":
+        # Not in the papers: a cpu-budget choice. Every batch takes one depth, uniformly, and samples it
+        # with replacement, so shallow samples (1% of CTL's train split) are seen as often as deep ones.
+        groups = [np.flatnonzero(split.depths == d) for d in np.unique(split.depths)]
+        while True:
+            group = groups[rng.integers(len(groups))]
+            idx = group[rng.integers(0, len(group), batch_size)]
+            yield (*_collate_ragged(as_ragged, idx, V), labels[idx])
     if mode != "bucketed":
-        raise ValueError(f"unknown batching mode {mode!r} (valid: bucketed, random)")
+        raise ValueError(f"unknown batching mode {mode!r} (valid: bucketed, random, balanced)")
     if N < batch_size:
         raise ValueError(f"split of {N} samples is smaller than one batch of {batch_size}")
     lengths = as_ragged.lengths
@@ -830,9 +839,15 @@ def _main(argv=None) -> int:
         p.add_argument("--task", required=True, help=f"one of: {', '.join(TASKS)}")
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--cache-dir", default=None)
+        p.add_argument("--split", default="", help="scan only: the split (see SCAN_SPLITS), or 'all' to export "
+                       "every command")
         if cmd == "export":
             p.add_argument("--out", required=True)
     args = parser.parse_args(argv)
+    if args.task in ("lookup", "scan"):
+        return _seq2seq_main(args)
+    if args.task in ("sort", "pairwise", "set"):
+        return _object_task_main(args)
     try:
         task = get_task(args.task, seed=args.seed, cache_dir=args.cache_dir)
         if args.command == "stats":
@@ -851,6 +866,576 @@ def _main(argv=None) -> int:
     except (ValueError, OSError) as e:
         print(f"tasks.py: error: {e}", file=sys.stderr)
         return 2
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------
+# Contextual Retrieval Task (spec compositional.md §7–8): fresh data every step, nothing on disk
+# ----------------------------------------------------------------------------------------------------
+
+# α_s weights search s in the label (Eq. 15): drawn once from U(−1, 1) by the paper's code (spec §7.5).
+RETRIEVAL_ALPHAS = (-0.71347752, -0.6062312, 0.66062073, -0.61213017, -0.82631877, 0.75908621, -0.36274866,
+                    0.84383333)
+
+
+def retrieval_combinations(searches: int, retrievals: int):
+    """The deterministic OOD split of retrieval-choice combinations (spec §8): (train, test), int arrays
+    of shape (n, searches) whose row t makes search s retrieve t[s].
+
+    All retrievals^searches tuples in lexicographic order; even positions go to train, odd ones to test;
+    then the first test tuples move to train until it holds floor(0.8 · all). For (2, 4): 12 train
+    tuples, test (2,1), (2,3), (3,1), (3,3) (paper Table 5).
+    """
+    combos = np.indices((retrievals,) * searches).reshape(searches, -1).T    # = itertools.product order
+    train, test = combos[0::2], combos[1::2]
+    move = max(0, 4 * len(combos) // 5 - len(train))                          # floor(0.8·|all|) in integers
+    return np.concatenate([train, test[:move]]), test[move:]
+
+
+class RetrievalTask:
+    """Contextual Retrieval Task (Mittal et al. 2022, Appendix C.1, Eqs. 15–18; spec §7–8).
+
+    Each of N objects has S search features z and R retrieval features z̃, all N(0, 1). Object i's
+    search s finds its nearest neighbour j* along z[s], never i itself (Eq. 17; ties: lowest j),
+    and retrieves z̃_j*[r*(i, s)], where the retrieval choice r*(i, s) is part of i's input (Eq. 18);
+    the label is y_i = Σ_s α_s · retrieved_s (Eq. 15). Worked example, S = R = 2, N = 3 (integer
+    retrieval features for readability):
+
+        object   z (search 0, 1)   z̃ (retrieval 0, 1)   r* (search 0, 1)
+          0        0.0   1.0           5    6             1   0
+          1        0.3  -2.0           7    8             .   .
+          2        1.0   0.8           9   10             .   .
+
+    Object 0: search 0 finds object 1 (|0.3 − 0.0| < |1.0 − 0.0|) and retrieves z̃_1[1] = 8; search 1
+    finds object 2 (|0.8 − 1.0| = 0.2) and retrieves z̃_2[0] = 9; so y_0 = α_0·8 + α_1·9 = −11.1639.
+    Its input row is [z_0, z̃_0, onehot(1), onehot(0)] = [0, 1, 5, 6, 0, 1, 1, 0] (in_dim = S + R + S·R).
+
+    Modes: ``pool="all"`` draws every r*(i, s) uniformly (IID); ``"train"``/``"test"`` draw one
+    combination per object from ``retrieval_combinations`` (OOD training/evaluation). There is no
+    fixed dataset: every ``batch`` is fresh, a pure function of the generator passed in.
+    """
+    pools = ("all", "train", "test")
+
+    def __init__(self, searches: int = 2, retrievals: int = 4, n_objects: int = 10):
+        if not 1 <= searches <= len(RETRIEVAL_ALPHAS):
+            raise ValueError(f"searches must be in 1..{len(RETRIEVAL_ALPHAS)} (one α each), got {searches}")
+        if retrievals < 1 or n_objects < 2:
+            raise ValueError(f"need retrievals ≥ 1 and n_objects ≥ 2 (a neighbour other than oneself), "
+                             f"got {retrievals} and {n_objects}")
+        self.searches, self.retrievals, self.n_objects = searches, retrievals, n_objects
+        self.in_dim = searches + retrievals + searches * retrievals
+        self.alphas = np.array(RETRIEVAL_ALPHAS[:searches])
+        self._combos = None  # the OOD split, made on first use (R^S tuples: IID mode never needs it)
+
+    def combinations(self, pool: str) -> np.ndarray:
+        if self._combos is None:
+            self._combos = dict(zip(("train", "test"), retrieval_combinations(self.searches, self.retrievals)))
+        if not len(self._combos[pool]):
+            raise ValueError(f"searches={self.searches}, retrievals={self.retrievals} leave no held-out "
+                             "combination for the OOD test pool")
+        return self._combos[pool]
+
+    def batch(self, batch_size: int, rng: np.random.Generator, pool: str = "all"):
+        """(x (B, N, in_dim) float32, y (B, N) float32, r* (B, N, S) int64), fresh from ``rng``."""
+        if pool not in self.pools:
+            raise ValueError(f"unknown pool {pool!r}; valid pools: {', '.join(self.pools)}")
+        S, R, N = self.searches, self.retrievals, self.n_objects
+        z = rng.standard_normal((batch_size, N, S + R))
+        if pool == "all":
+            prefs = rng.integers(0, R, (batch_size, N, S))
+        else:
+            combos = self.combinations(pool)
+            prefs = combos[rng.integers(0, len(combos), (batch_size, N))]
+        onehot = (prefs[..., None] == np.arange(R)).reshape(batch_size, N, S * R)   # search-major
+        x = np.concatenate([z, onehot], axis=-1).astype(np.float32)
+        return x, self.labels(z, prefs).astype(np.float32), prefs
+
+    def labels(self, z: np.ndarray, prefs: np.ndarray) -> np.ndarray:
+        """y (B, N) from features z (B, N, S + R) and retrieval choices r* (B, N, S) (Eqs. 15–18)."""
+        B, N, _ = z.shape
+        S = self.searches
+        dist = np.abs(z[:, :, None, :S] - z[:, None, :, :S])                # (B, i, j, S)
+        dist[:, np.arange(N), np.arange(N)] = np.inf                        # j ≠ i
+        nearest = dist.argmin(axis=2)                                       # (B, N, S); argmin: lowest j on ties
+        retrieved = z[np.arange(B)[:, None, None], nearest, S + prefs]      # z̃_j*[r*]   (B, N, S)
+        return retrieved @ self.alphas
+
+
+# ----------------------------------------------------------------------------------------------------
+# Sequence-to-sequence tasks of seq2attn (spec seq2attn.md §2–3): lookup-table composition and SCAN
+# ----------------------------------------------------------------------------------------------------
+# Both are generated from rules in well under a second, so nothing is cached on disk. Vocabularies
+# keep the reference's special tokens (spec §1.1) only so that parameter counts match the paper's.
+
+IN_SPECIALS = ("<unk>", "<pad>")
+OUT_SPECIALS = ("<unk>", "<pad>", "<sos>", "<eos>")
+
+
+def _pad(seqs: Ragged, idx, pad: int):
+    """Rows idx of seqs right-padded with ``pad``: (x (B, T) int64, lengths (B,) int64)."""
+    lengths = seqs.lengths[idx]
+    x = np.full((len(idx), lengths.max(initial=0)), pad, dtype=np.int64)
+    x[np.arange(x.shape[1]) < lengths[:, None]] = np.concatenate([seqs[i] for i in idx] or [[]])
+    return x, lengths
+
+
+@dataclass
+class Seq2SeqSplit:
+    """One split: ``inputs[i]`` (ids in in_vocab) maps to ``targets[i]`` (ids in out_vocab, ending with
+    <eos>); ``lines[i]`` is the example's canonical text line (see ``python tasks.py export``)."""
+    inputs: Ragged
+    targets: Ragged
+    lines: list
+    in_vocab: list
+    out_vocab: list
+
+    def __len__(self):
+        return len(self.lines)
+
+    def _batch(self, idx):
+        return (*_pad(self.inputs, idx, self.in_vocab.index("<pad>")),
+                *_pad(self.targets, idx, self.out_vocab.index("<pad>")))
+
+    def batches(self, batch_size: int, rng: np.random.Generator, mode: str = "shuffled"):
+        """Endless training batches (src, src_lengths, tgt, tgt_lengths), padded with <pad>.
+
+        Each epoch visits every example once, in a fresh permutation drawn from rng (a seeded Generator
+        replays the stream); the last batch of an epoch may be smaller. mode "bucketed" then stable-sorts
+        the epoch by target length and visits the batches in random order (little padding)."""
+        if mode not in ("shuffled", "bucketed"):
+            raise ValueError(f"unknown batching mode {mode!r} for a seq2seq task (valid: shuffled, bucketed)")
+        if batch_size < 1 or not len(self):
+            raise ValueError(f"need batch_size ≥ 1 and a non-empty split, got {batch_size} and {len(self)} examples")
+        return self._epochs(batch_size, rng, mode == "bucketed")
+
+    def _epochs(self, batch_size, rng, bucketed):
+        while True:
+            perm, starts = rng.permutation(len(self)), np.arange(0, len(self), batch_size)
+            if bucketed:
+                perm = perm[np.argsort(self.targets.lengths[perm], kind="stable")]
+                starts = rng.permutation(starts)
+            for s in starts:
+                yield self._batch(perm[s:s + batch_size])
+
+    def eval_batches(self, batch_size: int):
+        """One pass in order of target length (stable), so a batch decodes few steps beyond its rows."""
+        order = np.argsort(self.targets.lengths, kind="stable")
+        for s in range(0, len(order), batch_size):
+            yield self._batch(order[s:s + batch_size])
+
+
+class Seq2SeqTask:
+    """Splits of (input, target) token sequences; subclasses fill ``self.splits`` through ``_make``."""
+    name = ""
+    in_tokens: list = []
+    out_tokens: list = []
+
+    def __init__(self):
+        self.in_vocab = list(IN_SPECIALS) + list(self.in_tokens)
+        self.out_vocab = list(OUT_SPECIALS) + list(self.out_tokens)
+        self.sos, self.eos = self.out_vocab.index("<sos>"), self.out_vocab.index("<eos>")
+
+    def _make(self, examples) -> Seq2SeqSplit:
+        """examples: (input tokens, target tokens, line) triples -> a split (<eos> appended)."""
+        ids_in, ids_out = ({t: i for i, t in enumerate(v)} for v in (self.in_vocab, self.out_vocab))
+        return Seq2SeqSplit(Ragged.from_list([[ids_in[t] for t in x] for x, _, _ in examples]),
+                            Ragged.from_list([[ids_out[t] for t in y] + [self.eos] for _, y, _ in examples]),
+                            [line for _, _, line in examples], self.in_vocab, self.out_vocab)
+
+    def decode(self, ids) -> str:
+        return " ".join(self.out_vocab[int(i)] for i in ids)
+
+    def __repr__(self):
+        sizes = ", ".join(f"{k}={len(v)}" for k, v in self.splits.items())
+        return f"<{type(self).__name__} {self.name!r}: V_in={len(self.in_vocab)}, V_out={len(self.out_vocab)}, {sizes}>"
+
+
+# --- lookup tables ------------------------------------------------------------------------------------
+
+BITS = [f"{i:03b}" for i in range(8)]
+# t(000), t(001), ..., t(111) for each table (spec §2.1; identical in all five public samples)
+LOOKUP_TABLES = {
+    "t1": "110 001 101 010 011 000 111 100", "t2": "101 001 010 111 110 011 000 100",
+    "t3": "111 101 010 100 011 000 001 110", "t4": "000 100 010 101 111 001 110 011",
+    "t5": "001 000 110 100 101 010 011 111", "t6": "011 010 101 111 110 000 001 100",
+    "t7": "011 110 000 100 001 111 101 010", "t8": "010 100 110 000 001 011 101 111",
+}
+LOOKUP_HELDOUT_COMPOSITIONS = "t1t6 t3t3 t3t5 t5t3 t5t6 t6t2 t6t3 t6t4"    # sample1 (spec §2.3.2)
+# sample1's held-out inputs of the 28 seen compositions: V = validation, H = heldout_inputs (§2.3.3)
+LOOKUP_HELDOUT_INPUTS = (
+    "t1t1 H 000,111; t1t2 V 110 / H 001; t1t3 H 010,100; t1t4 H 001,100; t1t5 V 001 / H 000; "
+    "t2t1 H 110,111; t2t2 V 011,111; t2t3 H 001,010; t2t4 V 100 / H 000; t2t5 H 000,010; t2t6 H 000,101; "
+    "t3t1 V 100,111; t3t2 V 110,111; t3t4 H 000,001; t3t6 V 111 / H 101; t4t1 V 001 / H 111; "
+    "t4t2 V 010 / H 001; t4t3 H 010,100; t4t4 V 001 / H 010; t4t5 H 000,001; t4t6 V 010 / H 011; "
+    "t5t1 V 011 / H 111; t5t2 H 001,010; t5t4 V 110 / H 100; t5t5 H 110,111; t6t1 H 001,011; "
+    "t6t5 H 011,110; t6t6 H 000,111")
+
+
+def lookup_example(bits: str, tables) -> tuple:
+    """(input tokens, target tokens, line) for applying ``tables`` left to right to ``bits`` (§2.2):
+
+        lookup_example("100", ["t3", "t1"])[2] == "100 t3 t1 .\\t100 011 010\\t0 1 2 3"
+
+    since t3(100) = 011 and t1(011) = 010. The target copies the input, then every intermediate
+    result; the third column has one attention index per output step including <eos>."""
+    outs = [bits]
+    for t in tables:
+        outs.append(LOOKUP_TABLES[t].split()[int(outs[-1], 2)])
+    x = [bits, *tables, "."]
+    return x, outs, f"{' '.join(x)}\t{' '.join(outs)}\t{' '.join(map(str, range(len(tables) + 2)))}"
+
+
+class LookupTask(Seq2SeqTask):
+    """Lookup-table composition, sample1 (Liška et al. 2018; spec seq2attn.md §2). Eight bijections
+    t1..t8 of 3-bit strings; "100 t3 t1 ." asks for t1(t3(100)), target "100 011 010 <eos>".
+
+    Splits: train (232: all unary + 28 seen compositions of t1..t6 on 6 inputs each), validation (16)
+    and heldout_inputs (40) (the other 2 inputs of the seen compositions), heldout_compositions (64),
+    heldout_tables (192: one of t7/t8 composed with t1..t6), new_compositions (32: t7/t8 only), all
+    line-for-line equal (as sets) to sample1; and longer_compositions_{seen,incremental,new}
+    (544/1084/32: three tables on 4 inputs each), random in the original, so here drawn from ``seed``
+    with the same structure (§2.3.6)."""
+    name = "lookup"
+    in_tokens = BITS + list(LOOKUP_TABLES) + ["."]
+    out_tokens = BITS
+
+    def __init__(self, seed: int = 0, cache_dir=None):
+        super().__init__()  # cache_dir: accepted for get_task's interface; nothing is cached
+        S6, new = [f"t{i}" for i in range(1, 7)], ["t7", "t8"]
+        held_comps = [(c[:2], c[2:]) for c in LOOKUP_HELDOUT_COMPOSITIONS.split()]
+        held = {}  # (a, b) -> {"V": [inputs], "H": [inputs]}
+        for entry in LOOKUP_HELDOUT_INPUTS.split("; "):
+            comp, rest = entry.split(" ", 1)
+            held[comp[:2], comp[2:]] = {p[0]: p[2:].split(",") for p in rest.split(" / ")}
+        ex = lookup_example
+        splits = {
+            "train": [ex(b, [t]) for t in LOOKUP_TABLES for b in BITS]
+                     + [ex(b, c) for c, h in held.items() for b in BITS if b not in h.get("V", []) + h.get("H", [])],
+            "validation": [ex(b, c) for c, h in held.items() for b in h.get("V", [])],
+            "heldout_inputs": [ex(b, c) for c, h in held.items() for b in h.get("H", [])],
+            "heldout_compositions": [ex(b, c) for c in held_comps for b in BITS],
+            "heldout_tables": [ex(b, c) for t in S6 for n in new for c in ([t, n], [n, t]) for b in BITS],
+            "new_compositions": [ex(b, [m, n]) for m in new for n in new for b in BITS],
+        }
+        rng = _rng(seed, "lookup/longer")
+        pick = lambda pool, k: [pool[i] for i in np.sort(rng.choice(len(pool), k, replace=False))]  # noqa: E731
+        s6 = list(itertools.product(S6, repeat=3))
+        seen = pick(s6, 136)
+        unseen = [c for c in s6 if c not in set(seen)]
+        product = lambda *parts: list(itertools.product(*parts))  # noqa: E731
+        incremental = (pick(seen, 96) + pick(unseen, 54) + pick(product(new, S6, S6), 56)    # t7/t8 never last
+                       + pick(product(S6, new, S6), 50) + pick(product(new, new, S6), 15))
+        for name, comps in [("seen", seen), ("incremental", incremental),
+                            ("new", list(itertools.product(new, repeat=3)))]:
+            splits[f"longer_compositions_{name}"] = [ex(b, list(c)) for c in comps for b in pick(BITS, 4)]
+        self.splits = {k: self._make(v) for k, v in splits.items()}
+
+
+# --- SCAN ----------------------------------------------------------------------------------------------
+
+SCAN_PRIMITIVES = ("walk", "look", "run", "jump")
+SCAN_SPLITS = ("simple", "length", "addprim_jump", "addprim_turn_left", "around_right", "opposite_right", "right",
+               "jump_around_right", "filler0", "filler1", "filler2", "filler3", "length_cutoff_K")
+SCAN_CUTOFFS = (22, 24, 25, 26, 27, 28, 30, 32, 33, 36, 40)  # the cutoffs of Csordás et al. (spec §3.5)
+
+
+def scan_commands() -> list:
+    """All 20,910 SCAN commands as (command, actions) string pairs, from the grammar of spec §3.1."""
+    verbs = []  # V: (words, meaning)
+    for x in SCAN_PRIMITIVES + ("turn",):
+        act = [] if x == "turn" else [f"I_{x.upper()}"]
+        for d in ("left", "right"):
+            turn = [f"I_TURN_{d.upper()}"]
+            verbs += [(f"{x} {d}", turn + act), (f"{x} opposite {d}", turn * 2 + act),
+                      (f"{x} around {d}", (turn + act) * 4)]
+    verbs += [(x, [f"I_{x.upper()}"]) for x in SCAN_PRIMITIVES]
+    phrases = [(f"{w}{s}", a * k) for w, a in verbs for s, k in (("", 1), (" twice", 2), (" thrice", 3))]  # S
+    return phrases + [(f"{w1} {c} {w2}", a1 + a2 if c == "and" else a2 + a1)
+                      for c in ("and", "after") for w1, a1 in phrases for w2, a2 in phrases]
+
+
+def _contains(command: str, phrase: str) -> bool:
+    return f" {phrase} " in f" {command} "
+
+
+def scan_split(split: str, seed: int = 0) -> dict:
+    """{"train": [...], "test": [...] (, "iid": [...])} of (command, actions) pairs for a SCAN split
+    (spec §3.3, §3.5); see ``SCAN_SPLITS``, where K is an output-length cutoff."""
+    pairs, P = scan_commands(), SCAN_PRIMITIVES
+    if split == "simple":       # random 80/20, seeded (the reference membership is not derivable)
+        perm = _rng(seed, "scan/simple").permutation(len(pairs))
+        n_train = round(0.8 * len(pairs))
+        return {"train": [pairs[i] for i in np.sort(perm[:n_train])],
+                "test": [pairs[i] for i in np.sort(perm[n_train:])]}
+    if split == "length":
+        return {"train": [p for p in pairs if len(p[1]) <= 22], "test": [p for p in pairs if len(p[1]) >= 24]}
+    if split.startswith("addprim_"):  # the primitive alone, repeated to be 10% of train (spec §3.3.3-4)
+        prim = split[len("addprim_"):].replace("_", " ")
+        if prim not in ("jump", "turn left"):
+            raise ValueError(f"unknown SCAN split {split!r}: add_prim splits are addprim_jump and addprim_turn_left")
+        rest = [p for p in pairs if not _contains(p[0], prim)]
+        alone = [p for p in pairs if p[0] == prim]
+        return {"train": rest + alone * (len(rest) // 9),
+                "test": [p for p in pairs if _contains(p[0], prim) and p[0] != prim]}
+    if split.startswith("length_cutoff_"):
+        k = split[len("length_cutoff_"):]
+        if not k.isdigit():
+            raise ValueError(f"unknown SCAN split {split!r}: use length_cutoff_K with an integer K (e.g. 26)")
+        k = int(k)
+        pool = sorted((p for p in pairs if len(p[1]) <= k), key=lambda p: scan_line(p).encode())  # C-sorted (§3.5)
+        iid = np.random.RandomState(1234).choice(len(pool), int(len(pool) * (1 - 0.9)), replace=False)
+        is_iid = np.zeros(len(pool), bool)
+        is_iid[iid] = True
+        return {"train": [p for p, i in zip(pool, is_iid) if not i], "iid": [p for p, i in zip(pool, is_iid) if i],
+                "test": [p for p in pairs if len(p[1]) > k]}
+    fillers = {"filler0": 0, "filler1": 1, "filler2": 2, "filler3": 3, "jump_around_right": 3}
+    if split in fillers:  # Loula et al. exp. 2: the first k of look, walk, run are seen in "X around right"
+        pairs = [p for p in pairs if not _contains(p[0], "turn around right")]
+        held = [x for x in P if x not in ("look", "walk", "run")[:fillers[split]]]
+        return {"train": [p for p in pairs if not any(_contains(p[0], f"{x} around right") for x in held)],
+                "test": [p for p in pairs if _contains(p[0], "jump around right")]}
+    if split in ("around_right", "opposite_right", "right"):  # Loula et al. template splits (spec §3.3.5)
+        phrase = split.replace("_", " ")
+        pairs = [p for p in pairs if not _contains(p[0], f"turn {phrase}")]
+        is_test = [any(_contains(c, f"{x} {phrase}") for x in P) for c, _ in pairs]
+        return {"train": [p for p, t in zip(pairs, is_test) if not t],
+                "test": [p for p, t in zip(pairs, is_test) if t]}
+    raise ValueError(f"unknown SCAN split {split!r}; valid: {', '.join(SCAN_SPLITS)}")
+
+
+def scan_line(pair) -> str:
+    """The canonical line: "IN: jump twice OUT: I_JUMP I_JUMP" (spec §3.2)."""
+    return f"IN: {pair[0]} OUT: {' '.join(pair[1])}"
+
+
+class ScanTask(Seq2SeqTask):
+    """SCAN (Lake & Baroni 2018), generated from its grammar (spec seq2attn.md §3), one split at a time:
+
+        "jump around left twice"  ->  (I_TURN_LEFT I_JUMP) × 4, twice: 16 actions, then <eos>
+
+    Splits (``SCAN_SPLITS``): simple (seeded 80/20), length, addprim_jump, addprim_turn_left, the
+    template splits around_right, opposite_right, right, jump_around_right, filler0..filler3 (the
+    paper's "k fillers": 0..3 of look/walk/run also seen in "X around right"), and length_cutoff_K
+    (Csordás et al. 2021; adds an "iid" split). No "." is appended to inputs (spec §3.6)."""
+    name = "scan"
+    in_tokens = ["after", "and", "around", "jump", "left", "look", "opposite", "right", "run", "thrice", "turn",
+                 "twice", "walk"]
+    out_tokens = ["I_WALK", "I_LOOK", "I_RUN", "I_JUMP", "I_TURN_LEFT", "I_TURN_RIGHT"]
+
+    def __init__(self, seed: int = 0, cache_dir=None, split: str = ""):
+        super().__init__()
+        if not split:
+            raise ValueError(f"scan needs a split; valid: {', '.join(SCAN_SPLITS)}")
+        self.split = split
+        self.splits = {k: self._make([(c.split(), a, scan_line((c, a))) for c, a in v])
+                       for k, v in scan_split(split, seed).items()}
+
+
+TASKS.update(lookup=LookupTask, scan=ScanTask)
+
+
+def _seq2seq_main(args) -> int:
+    """``python tasks.py export|stats`` for lookup and scan. Export writes the canonical lines: one
+    DIR/<split>.tsv per lookup split; DIR/train.txt and DIR/test.txt (and iid.txt) for a SCAN split, or
+    DIR/all.txt with every command for ``--split all``."""
+    try:
+        if args.task == "lookup" and args.split:
+            raise ValueError("lookup has one split structure (sample1): drop --split")
+        if args.task == "scan" and args.split == "all":
+            files = {"all": [scan_line(p) for p in scan_commands()]}
+        else:
+            task = get_task(args.task, seed=args.seed, **({"split": args.split} if args.task == "scan" else {}))
+            files = {k: s.lines for k, s in task.splits.items()}
+        if args.command == "stats":
+            for k, lines in files.items():
+                print(f"{k:>32}: {len(lines):>6,} examples")
+            return 0
+        ext = "tsv" if args.task == "lookup" else "txt"
+        os.makedirs(args.out, exist_ok=True)
+        for k, lines in files.items():
+            with open(os.path.join(args.out, f"{k}.{ext}"), "w") as f:
+                f.writelines(line + "\n" for line in lines)
+        print(f"wrote {', '.join(f'{k}.{ext}' for k in files)} to {args.out}")
+    except (ValueError, OSError) as e:
+        print(f"tasks.py: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------
+# Relational tasks of the Abstractor paper (spec abstractor.md §6): object sorting, pairwise order, SET
+# ----------------------------------------------------------------------------------------------------
+# The inputs are vectors, not tokens: a task holds a table of object vectors (``objects``) and a split
+# holds rows of object indices, so a batch is objects[index]. Generation takes well under a second, so
+# nothing is cached on disk. The dataset is drawn once from the task seed (validation and test stay
+# fixed); a run's training set is a sample of the train pool drawn with the run's seed (``sample``).
+
+@dataclass
+class ObjectSplit:
+    """Sample i is the objects index[i] (rows of the task's object table) with targets labels[i]."""
+    index: np.ndarray       # (N, m) int64
+    labels: np.ndarray      # (N,) int64 class, or (N, m) int64 target sequence (sorting)
+
+    def __len__(self):
+        return len(self.labels)
+
+    def subset(self, idx) -> "ObjectSplit":
+        return ObjectSplit(self.index[idx], self.labels[idx])
+
+    def sample(self, n: int, rng: np.random.Generator) -> "ObjectSplit":
+        """n samples drawn without replacement (one trial's training set), in their original order."""
+        if not 1 <= n <= len(self):
+            raise ValueError(f"train size {n} is out of range: the train pool has {len(self)} samples")
+        return self.subset(np.sort(rng.choice(len(self), n, replace=False)))
+
+    def chunks(self, batch_size: int):
+        """One pass in order, the last chunk partial (evaluation)."""
+        for s in range(0, len(self), batch_size):
+            yield self.subset(slice(s, s + batch_size))
+
+
+def epoch_batches(n: int, batch_size: int, rng: np.random.Generator):
+    """Endless epochs of sample indices, as Keras' fit: a fresh permutation per epoch cut into batches of
+    batch_size, the last one partial (so 500 samples at batch 512 are one step per epoch)."""
+    if n < 1 or batch_size < 1:
+        raise ValueError(f"need samples and batch_size ≥ 1, got {n} and {batch_size}")
+    while True:
+        perm = rng.permutation(n)
+        for s in range(0, n, batch_size):
+            yield perm[s:s + batch_size]
+
+
+def _object_splits(rng, index, labels, sizes) -> dict:
+    """Shuffle, then cut consecutive splits of the given sizes (None: the rest)."""
+    perm, out, start = rng.permutation(len(labels)), {}, 0
+    for name, size in sizes.items():
+        idx = perm[start:] if size is None else perm[start:start + size]
+        out[name], start = ObjectSplit(index[idx], labels[idx]), start + len(idx)
+    return out
+
+
+class SortTask:
+    """Object sorting (§6.1). Attributes a_0..a_3 ~ N(0, I_4) and b_0..b_11 ~ N(0, I_8) give 48 objects
+    o_{12i+j} = (a_i, b_j) ∈ R^12, ordered by i, then j: the order of their indices. A sample is 10
+    distinct objects in random order; its targets are the argsort (labels[t] = the input position of the
+    t-th smallest object), decoded after a START token:
+
+        index  = [17, 3, 40, 29, 5, 11, 46, 0, 33, 21]         source objects[index], 10 × 12
+        labels = argsort(index) = [7, 1, 4, 5, 0, 9, 3, 8, 2, 6]
+        decoder input = [10 (START), 7, 1, 4, 5, 0, 9, 3, 8, 2] (``decoder_inputs``)
+
+    100,000 sequences (exact duplicates dropped), shuffled: test 20%, valid 10%, train pool the rest.
+    """
+    name = "sort"
+    START = 10
+    N_PRIMARY, N_SECONDARY, LENGTH = 4, 12, 10
+
+    def __init__(self, seed: int = 0, cache_dir=None, n_sequences: int = 100_000):
+        rng = _rng(seed, "sort")
+        a = rng.standard_normal((self.N_PRIMARY, 4))
+        b = rng.standard_normal((self.N_SECONDARY, 8))
+        self.objects = np.concatenate([np.repeat(a, self.N_SECONDARY, axis=0), np.tile(b, (self.N_PRIMARY, 1))],
+                                      axis=1).astype(np.float32)                       # row 12i + j = (a_i, b_j)
+        # The first 10 of a random permutation of the 48 objects: uniform over ordered 10-subsets.
+        index = np.argsort(rng.random((n_sequences, len(self.objects))), axis=1)[:, :self.LENGTH]
+        _, first = np.unique(index, axis=0, return_index=True)
+        index = index[np.sort(first)]
+        n = len(index)
+        self.splits = _object_splits(rng, index, np.argsort(index, axis=1),
+                                     {"test": n // 5, "valid": n // 10, "train": None})
+
+    @classmethod
+    def decoder_inputs(cls, labels: np.ndarray) -> np.ndarray:
+        """Teacher forcing: [START, labels[0..m−2]] per row."""
+        return np.concatenate([np.full((len(labels), 1), cls.START, labels.dtype), labels[:, :-1]], axis=1)
+
+
+class PairwiseOrderTask:
+    """Pairwise order (§6.4). 64 objects o_i ~ N(0, I_32), ordered by index. Every ordered pair of distinct
+    objects is a sample of 2 × 32 with label 1[i < j]: pair (5, 41) has label 1, pair (41, 5) label 0.
+    The 4,032 pairs are shuffled and split with ceil rounding: test 35% (1,412), valid 15% (605), train
+    2,015. Test pairs never occur in training, so they must be answered by transitivity."""
+    name = "pairwise"
+
+    def __init__(self, seed: int = 0, cache_dir=None, n_objects: int = 64, dim: int = 32):
+        rng = _rng(seed, "pairwise")
+        self.objects = rng.standard_normal((n_objects, dim)).astype(np.float32)
+        i, j = np.nonzero(~np.eye(n_objects, dtype=bool))
+        index, n = np.stack([i, j], axis=1), len(i)
+        self.splits = _object_splits(rng, index, (i < j).astype(np.int64),
+                                     {"test": math.ceil(0.35 * n), "valid": math.ceil(0.15 * n), "train": None})
+
+
+def card_attributes() -> np.ndarray:
+    """(81, 4): card c has attribute values (number, colour, pattern, shape) = base-3 digits of c."""
+    return np.array(list(itertools.product(range(3), repeat=4)), dtype=np.int64)
+
+
+def is_set(values: np.ndarray) -> np.ndarray:
+    """values (..., 3, 4) attribute values of triples → (...) bool: every attribute all equal or all
+    different, i.e. v1 + v2 + v3 ≡ 0 (mod 3) for each attribute."""
+    return (values.sum(axis=-2) % 3 == 0).all(axis=-1)
+
+
+class SetTask:
+    """SET (§6.5) with non-image cards: a documented deviation (the paper embeds card images with a CNN),
+    so results are not directly comparable with the paper's. 81 cards (``card_attributes``); three
+    distinct cards form a SET iff every attribute is all equal or all different:
+
+        cards 0 (0,0,0,0), 40 (1,1,1,1), 80 (2,2,2,2): a SET, label 1
+        cards 0 (0,0,0,0), 1 (0,0,0,1), 5 (0,0,1,2): pattern 0,0,1 is neither, label 0
+
+    10,000 triples, half SETs (two random distinct cards completed by the mod-3 rule), half random
+    triples of distinct cards that are not SETs (``check_negatives``; the reference did not check, ≈1/79
+    label noise), each triple in random order. Splits: test 20%, valid 10%, train pool the rest.
+    Card vectors (``cards``): "onehot" (12-d: 3 bits per attribute, the noise-free analogue of the
+    paper's CNN attribute code) or "random64" (tanh(M b_card), M ∈ R^{64×12} ~ N(0, 1) drawn once).
+    """
+    name = "set"
+    CARDS = ("onehot", "random64")
+
+    def __init__(self, seed: int = 0, cache_dir=None, cards: str = "onehot", n_triples: int = 10_000,
+                 check_negatives: bool = True):
+        if cards not in self.CARDS:
+            raise ValueError(f"unknown card encoding {cards!r}; use one of {', '.join(self.CARDS)}")
+        self.attributes = attrs = card_attributes()
+        onehot = (attrs[:, :, None] == np.arange(3)).reshape(81, 12).astype(np.float32)
+        M = np.random.default_rng(12345).standard_normal((64, 12))
+        self.objects = onehot if cards == "onehot" else np.tanh(onehot @ M.T).astype(np.float32)
+        rng = _rng(seed, "set")
+        n_pos = n_triples // 2
+        pairs = np.argsort(rng.random((n_pos, 81)), axis=1)[:, :2]
+        third = (-attrs[pairs].sum(axis=1)) % 3 @ np.array([27, 9, 3, 1])       # the card completing the SET
+        negatives = np.empty((0, 3), np.int64)
+        while len(negatives) < n_triples - n_pos:                                   # rejection sampling
+            draw = np.argsort(rng.random((n_triples, 81)), axis=1)[:, :3]
+            negatives = np.concatenate([negatives, draw[~is_set(attrs[draw])] if check_negatives else draw])
+        index = np.concatenate([np.column_stack([pairs, third]), negatives[:n_triples - n_pos]])
+        index = np.take_along_axis(index, np.argsort(rng.random(index.shape), axis=1), axis=1)  # shuffle cards
+        labels = np.repeat(np.array([1, 0]), [n_pos, n_triples - n_pos])
+        n = n_triples
+        self.splits = _object_splits(rng, index, labels, {"test": n // 5, "valid": n // 10, "train": None})
+
+
+TASKS.update(sort=SortTask, pairwise=PairwiseOrderTask, set=SetTask)
+
+
+def _object_task_main(args) -> int:
+    """``python tasks.py stats|export`` for sort, pairwise and set: export writes DIR/objects.tsv (one
+    object vector per line) and DIR/<split>.tsv (object indices<TAB>labels)."""
+    task = TASKS[args.task](seed=args.seed)
+    if args.command == "stats":
+        print(f"{args.task}: {len(task.objects)} objects of dimension {task.objects.shape[1]}")
+        for k, s in task.splits.items():
+            print(f"{k:>6}: {len(s):>7,} samples of {s.index.shape[1]} objects")
+        return 0
+    os.makedirs(args.out, exist_ok=True)
+    np.savetxt(os.path.join(args.out, "objects.tsv"), task.objects, delimiter="\t", fmt="%.6g")
+    for k, s in task.splits.items():
+        with open(os.path.join(args.out, f"{k}.tsv"), "w") as f:
+            for idx, y in zip(s.index.tolist(), s.labels.tolist()):
+                f.write(" ".join(map(str, idx)) + "\t" + " ".join(map(str, np.atleast_1d(y))) + "\n")
+    print(f"wrote objects.tsv, {', '.join(f'{k}.tsv' for k in task.splits)} to {args.out}")
     return 0
 
 

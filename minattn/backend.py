@@ -9,6 +9,8 @@ Randomness is explicit: an ``RNG`` draws on the device of the data it makes, fro
 forked into independent streams (one per step, one per module) so runs are reproducible and
 resumable without saving device RNG state.
 """
+import os
+
 import numpy as np
 
 DEFAULT_DTYPE = np.float32
@@ -146,3 +148,24 @@ class RNG:
         tiny = float(np.finfo(u.dtype).tiny)
         return -xp.log(-xp.log(xp.clip(u, tiny, 1.0 - float(np.finfo(u.dtype).epsneg))))
 
+
+
+def keep_freed_memory():
+    """Ask glibc to keep freed memory for reuse instead of returning it to the OS.
+
+    By default glibc serves large blocks with mmap and unmaps them on free, so every big temporary
+    array of every step pays fresh page faults (kernel time zeroing pages). Raising the mmap and trim
+    thresholds keeps them in the heap: on this project's 2-core machines an NDR step made ~2.5× fewer
+    page faults (system time 0.62 s → 0.25 s over 9 steps) and a small CRT step ran up to ~2× faster.
+    Process-wide, so only the command-line tools call it; set MINATTN_KEEP_MEMORY=0 to skip it.
+    Returns True when the setting took effect (Linux with glibc), else False.
+    """
+    if os.environ.get("MINATTN_KEEP_MEMORY", "1") == "0":
+        return False
+    try:
+        import ctypes
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, 1 << 30) and libc.mallopt(M_TRIM_THRESHOLD, 1 << 30))

@@ -150,7 +150,96 @@ def bench_ndr(device, repeat):
     print(f"        eval  {te * 1e3:7.1f} ms/batch  train/eval time per sample {t / te:4.1f}×")
 
 
-SECTIONS = {"engine": bench_engine, "mlp": bench_mlp, "ndr": bench_ndr}
+def bench_crt(device, repeat):
+    """A Contextual Retrieval Task training step (spec compositional.md §9: batch 256 × 10 objects, D = 64,
+    2 searches, 4 retrievals) for the multi-head and the compositional model; data generation excluded."""
+    from .models.crt import CRTConfig, CRTModel
+    xp = backend.get_xp(device)
+    B, N, S, R = 256, 10, 2, 4
+    rng = np.random.default_rng(0)
+    x = xp.asarray(rng.standard_normal((B, N, S + R + S * R)), dtype=np.float32)
+    y = xp.asarray(rng.standard_normal((B, N)), dtype=np.float32)
+    print(f"crt     CRT step (L1 loss, Adam), batch {B}×{N}, D=64, S={S}, R={R}:")
+    for name in ("mha", "compositional"):
+        model = CRTModel(name, x.shape[-1], CRTConfig(searches=S, retrievals=R)).to(device)
+        opt = optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
+
+        def step():
+            loss = F.abs(model(x) - y).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        t = timeit(step, xp, repeat, min_time=1.0)
+        print(f"        {name:14s} {t * 1e3:7.1f} ms/step  ({model.num_parameters():,} parameters)")
+
+
+def bench_seq2attn(device, repeat):
+    """seq2attn on lookup tables (spec seq2attn.md §2.5: E = H = 256, Adam, clip 5, teacher forcing 0.5) on
+    binary compositions (4 input and 4 output steps): ms per training sequence at batch 1 (the paper's)
+    and 64. At batch 1 the AdamW update of all 1.5M parameters is a large share, so it is shown apart."""
+    from .models.seq2attn import Seq2Attn, model_config
+    xp = backend.get_xp(device)
+    model = Seq2Attn(model_config("seq2attn"), 19, 12, sos_id=2).to(device)
+    opt = optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+    run_rng, rng = backend.RNG(0, device), np.random.default_rng(0)
+    print(f"seq2attn lookup tables (E = H = 256, {model.num_parameters():,} parameters), 4 input and 4 output steps:")
+    for B in (1, 64):
+        src, tgt = xp.asarray(rng.integers(2, 19, (B, 4))), xp.asarray(rng.integers(4, 12, (B, 4)))
+        lengths = xp.full(B, 4)
+
+        def step():
+            model.set_rng(run_rng)
+            loss = model.loss(src, lengths, tgt, lengths)
+            opt.zero_grad()
+            loss.backward()
+            optim.clip_grad_norm(model.parameters(), 5.0)
+            opt.step()
+        t = timeit(step, xp, repeat, min_time=1.0)
+        t_opt = timeit(opt.step, xp, repeat)
+        print(f"        batch {B:3d}: {t * 1e3:7.2f} ms/step = {t * 1e3 / B:7.3f} ms per training sequence "
+              f"(of which the AdamW update {t_opt * 1e3:5.2f} ms/step)")
+
+
+def bench_abstractor(device, repeat):
+    """One object-sorting training step (spec abstractor.md §6.1: batch 512 × 10 objects, d = 64, 2 heads
+    each 64 wide, Adam) for the Abstractor and the Transformer. MFU counts the matmuls: every attention
+    (self, cross, RCA) maps 10 positions to 10, so each costs the same."""
+    from .attention.multihead import MultiHeadAttention
+    from .attention.relational import RelationalCrossAttention
+    from .models.abstractor import AbstractorConfig, build_seq2seq
+    from .models.transformer import FeedForwardBlock
+    xp = backend.get_xp(device)
+    B, T, d_in, n_classes = 512, 10, 12, 10
+    rng = np.random.default_rng(0)
+    x = xp.asarray(rng.standard_normal((B, T, d_in)), dtype=np.float32)
+    y = xp.asarray(np.argsort(rng.random((B, T)), axis=1))
+    tgt_in = xp.concatenate([xp.full((B, 1), n_classes, dtype=y.dtype), y[:, :-1]], axis=1)
+    peak = matmul_peak(device)
+    print(f"abstractor object sorting, batch {B}×{T} (peak {peak / 1e9:.0f} GFLOP/s measured now):")
+    for name, layers in (("abstractor", {}), ("transformer-seq2seq", dict(n_encoder_layers=4, n_decoder_layers=4))):
+        cfg = AbstractorConfig(**layers)
+        model = build_seq2seq(name, n_classes + 1, n_classes, cfg, d_src=d_in).to(device)
+        opt = optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+        run_rng = backend.RNG(0, device)
+
+        def step():
+            model.set_rng(run_rng)
+            loss = F.cross_entropy(model(x, tgt_in), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        t = timeit(step, xp, repeat, min_time=1.0)
+        n_attn = sum(isinstance(m, (MultiHeadAttention, RelationalCrossAttention)) for _, m in model.named_modules())
+        n_ffn = sum(isinstance(m, FeedForwardBlock) for _, m in model.named_modules())
+        N, d, inner = B * T, cfg.d_model, cfg.n_head * (cfg.d_head or cfg.d_model)
+        attention = 2 * N * d * 3 * inner + 2 * N * inner * d + 2 * 2 * N * T * inner   # q, k, v, o; QKᵀ and αV
+        flops = 3 * (n_attn * attention + n_ffn * 2 * 2 * N * d * cfg.d_ff + 2 * N * (d_in + n_classes) * d)
+        print(f"        {name:20s} {t * 1e3:7.1f} ms/step  {B * T / t:8.0f} tokens/s  {flops / 1e9:5.1f} GFLOP/step  "
+              f"MFU {flops / t / peak:4.2f}  ({model.num_parameters():,} parameters)")
+
+
+SECTIONS = {"engine": bench_engine, "mlp": bench_mlp, "ndr": bench_ndr, "crt": bench_crt,
+            "seq2attn": bench_seq2attn, "abstractor": bench_abstractor}
 
 
 def main(argv=None):
@@ -178,4 +267,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    backend.keep_freed_memory()  # ~10% faster steps here; see its docstring
     sys.exit(main())

@@ -27,10 +27,9 @@ def layer_norm_reference(x, weight, bias, eps=1e-5):
 
 def dropout(x, p, rng, training=None):
     """Inverted dropout: zero each entry with probability ``p`` and scale the rest by 1/(1−p), so
-    nothing changes at evaluation. ``training`` defaults to the engine mode (``eval_mode()``)."""
-    if training is None:
-        training = is_training()
-    if not training or p == 0:
+    nothing changes at evaluation. Active only when ``training`` (a module's flag; default True) AND
+    the engine is not in ``eval_mode()``: either switch turns it off."""
+    if not (training is not False and is_training()) or p == 0:
         return x
     if not 0 <= p < 1:
         raise ValueError(f"dropout probability must be in [0, 1), got {p}")

@@ -12,10 +12,19 @@ from minattn import backend, nn
 from minattn import functional as F
 from minattn.engine import Function, Tensor
 from minattn.gradcheck import GradcheckError, check_backward
+from minattn.attention.additive import AdditiveAttention
+from minattn.attention.compositional import CompositionalAttention
 from minattn.attention.geometric import GeometricAttention, geometric_attention_weights
 from minattn.attention.multihead import MultiHeadAttention
+from minattn.attention.relational import PositionRelativeRCA, RelationalCrossAttention, SimplifiedRCA
 from minattn.attention.relative import RelativeMultiHeadAttention
+from minattn.models.abstractor import (AbstractorConfig, AbstractorLayer, AbstractorSeq2Seq, PositionalSymbols,
+                                       RelationalClassifier, SimplifiedAbstractorLayer, SimplifiedConfig,
+                                       SymbolicAttention)
+from minattn.models.crt import MODELS as CRT_MODELS, CRTConfig, CRTModel, CRTMultiHeadAttention
+from minattn.models.seq2attn import Seq2Attn, model_config as seq2attn_config
 from minattn.models.transformer import ARCHITECTURES, Classifier, CopyGateLayer, EncoderConfig, PostLNLayer
+from minattn.models.transformer import DecoderLayer, Seq2SeqConfig, Seq2SeqTransformer, keras_attention
 from minattn.ops import Softmax
 
 
@@ -139,6 +148,40 @@ def _layer(kind, attention):
     return CopyGateLayer(attention(cfg, rng), cfg, rng, tanh_out=kind == "gate-tanh")
 
 
+# Compositional attention at the spec's sizes (compositional.md §3.3): B = 2, N = 4, S = 2, R = 3, d_s = 4, d_v = 5.
+CA_MASK = np.array([[1, 1, 1, 0], [1, 1, 1, 1]], bool)
+
+
+def _ca(**options):
+    return lambda rng: CompositionalAttention(6, 2, 3, search_dim=8, value_dim=15, rng=rng, **options)
+
+
+# seq2attn (spec seq2attn.md §1.10): additive attention alone, then whole models on a padded batch of two
+# (source lengths 4 and 3, target lengths 3 and 2, the loss summing both). Gumbel straight-through is not
+# finite-difference checkable (tests/test_seq2attn.py checks it against the soft sample), so the soft
+# sample is checked here, with its noise and the teacher-forcing draws fixed by a fresh RNG per call.
+S2A_KEY_MASK = np.array([[1, 1, 1, 1], [1, 1, 1, 0]], bool)
+S2A_BATCH = [np.array([[2, 3, 4, 5], [6, 2, 3, 1]]), np.array([4, 3]),      # source ids, lengths
+             np.array([[4, 5, 3], [5, 3, 1]]), np.array([3, 2])]               # target ids, lengths
+
+
+def _additive(activation, temperature="conditioned"):
+    return lambda rng: AdditiveAttention(3, 4, 5, activation, temperature, tau_init=2.0, rng=rng)
+
+
+def _seq2attn(name="seq2attn", activation="gumbel", **options):
+    def make(rng):
+        model = Seq2Attn(seq2attn_config(name, d_embedding=4, d_hidden=4, **options), 7, 6, sos_id=2)
+        model.attention.activation = activation   # the soft sample in place of straight-through
+        return model
+    return make
+
+
+def _seq2attn_loss(m, src, src_lengths, tgt, tgt_lengths):
+    m.set_rng(backend.RNG(1, backend.device_of(src)))
+    return m.loss(src, src_lengths, tgt, tgt_lengths)
+
+
 MODULES = [
     ("Linear", lambda m, x: m(x), lambda rng: nn.Linear(4, 3, rng=rng), inputs(N(2, 4))),
     ("Linear_3d", lambda m, x: m(x), lambda rng: nn.Linear(4, 3, rng=rng), inputs(N(2, 5, 4))),
@@ -172,10 +215,111 @@ MODULES = [
     ("CopyGateLayer_tanh_relative", lambda m, x, k: m(x, key_mask=k),
      lambda rng: _layer("gate-tanh", lambda c, r: RelativeMultiHeadAttention(8, 2, rng=r)),
      inputs(N(2, 5, 8), const(KEY_MASK))),
+    ("CompositionalAttention_masked", lambda m, x, k: m(x, key_mask=k), _ca(), inputs(N(2, 4, 6), const(CA_MASK))),
+    ("CompositionalAttention_concat_diagonal", lambda m, x: m(x), _ca(concat=True, mask_diagonal=True),
+     inputs(N(2, 4, 6))),
+    ("CompositionalAttention_separate", lambda m, x, k: m(x, key_mask=k),
+     _ca(separate=True, concat=True, mask_diagonal=True), inputs(N(2, 4, 6), const(CA_MASK))),
+    ("CompositionalAttention_mlp_masked", lambda m, x, k: m(x, key_mask=k), _ca(score="mlp"),
+     inputs(N(2, 4, 6), const(CA_MASK))),
+    ("CompositionalAttention_mlp_concat_diagonal", lambda m, x: m(x), _ca(score="mlp", concat=True, mask_diagonal=True),
+     inputs(N(2, 4, 6))),
+    ("CompositionalAttention_value_scores", lambda m, x: m(x, return_weights=True)[2], _ca(mask_diagonal=True),
+     inputs(N(2, 4, 6))),
+    ("CRTMultiHeadAttention", lambda m, x, k: m(x, key_mask=k),
+     lambda rng: CRTMultiHeadAttention(6, 2, search_dim=8, value_dim=10, rng=rng), inputs(N(2, 4, 6), const(CA_MASK))),
+] + [
+    (f"CRTModel_{name}", lambda m, x: m(x),
+     lambda rng, name=name: CRTModel(name, 11, CRTConfig(searches=2, retrievals=3, d_model=6)), inputs(N(2, 4, 11)))
+    for name in CRT_MODELS
 ] + [
     (f"Classifier_{name}", lambda m, i, n: m(i, n), lambda rng, name=name: Classifier(name, 20, 4, EncoderConfig(**TINY)).eval(),
      inputs(const(IDS), const(LENGTHS)))
     for name in ARCHITECTURES
+] + [
+    ("AdditiveAttention_softmax_masked", lambda m, q, k, mask: m(q, m.prepare(k, mask)), _additive("softmax"),
+     inputs(N(2, 4), N(2, 4, 3), const(S2A_KEY_MASK))),
+] + [
+    (f"AdditiveAttention_gumbel_soft_{tau}", lambda m, q, k, g, mask: m(q, m.prepare(k, mask), noise=g),
+     _additive("gumbel", tau), inputs(N(2, 4), N(2, 4, 3), N(2, 4), const(S2A_KEY_MASK)))
+    for tau in ("conditioned", "latent", "fixed")
+] + [
+    (f"Seq2Attn_{name}", _seq2attn_loss, make, inputs(*map(const, S2A_BATCH))) for name, make in [
+        ("gumbel_soft", _seq2attn()),
+        ("lstm_2layer_latent", _seq2attn(cell="lstm", n_layers=2, dropout=0.3, temperature="latent")),
+        ("baseline", _seq2attn("seq2seq", "softmax")),
+        ("baseline_lstm_2layer", _seq2attn("seq2seq", "softmax", cell="lstm", n_layers=2, dropout=0.3)),
+        ("GF_without_ET", _seq2attn(embedding_values=False, transcoder=False)),
+    ]
+]
+
+
+# Abstractor (spec abstractor.md §8.2): RCA with every σ_rel, symmetric or not, both scalings and masks;
+# position-relative RCA with clipped offsets; the symbol mechanisms; the Abstractor layers (with the
+# Ablation's cross-attention); the encoder–decoder, its multi-attention decoder in both forms, and the
+# Abstractor architectures. Tiny sizes (heads 3 wide), no dropout.
+ABS = dict(d_model=8, n_head=2, d_head=3, d_ff=6, n_encoder_layers=1, n_decoder_layers=1, dropout=0.0,
+           attention_dropout=0.0)
+SIMPLE = dict(d_model=8, n_relations=2, d_key=3, d_ff=6, dropout=0.0)
+ABS_MASK = np.array([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], bool)
+ABS_SEQ = inputs(N(2, 5, 3), const(np.array([[6, 1, 4], [6, 0, 2]])), const(ABS_MASK))  # objects, decoder input
+
+
+def _abstractor_cfg(**changes):
+    return AbstractorConfig(**ABS, n_abstractor_layers=1, max_len=5, **changes)
+
+
+def _rca(**options):
+    return lambda rng: RelationalCrossAttention(8, 2, d_head=3, rng=rng, **options)
+
+
+def _decoder_layer(rng, contexts):
+    cfg = Seq2SeqConfig(**ABS)
+    return DecoderLayer(cfg, rng, lambda role: keras_attention(cfg, rng), contexts)
+
+
+MODULES += [
+    (f"RCA_{activation}{'_symmetric' if symmetric else ''}", lambda m, x, s, k: m(x, s, key_mask=k),
+     _rca(activation=activation, symmetric=symmetric), inputs(N(2, 5, 8), N(2, 5, 8), const(ABS_MASK)))
+    for activation in ("softmax", "sigmoid", "tanh", "linear") for symmetric in (False, True)
+] + [
+    ("RCA_softmax_causal_unscaled", lambda m, x, s: m(x, s, causal=True), _rca(scale="none"),
+     inputs(N(2, 5, 8), N(2, 5, 8))),
+    ("PositionRelativeRCA_clipped", lambda m, x, k: m(x, key_mask=k),
+     lambda rng: PositionRelativeRCA(8, 2, max_offset=2, d_head=3, activation="tanh", rng=rng),
+     inputs(N(2, 5, 8), const(ABS_MASK))),
+    ("SimplifiedRCA_sigmoid", lambda m, x, s: m(x, s), lambda rng: SimplifiedRCA(8, 2, 3, 6, "sigmoid", rng=rng),
+     inputs(N(2, 3, 8), N(2, 3, 6))),
+    ("SimplifiedRCA_linear_symmetric_bias", lambda m, x, s, k: m(x, s, key_mask=k),
+     lambda rng: SimplifiedRCA(8, 4, 3, 8, "linear", symmetric=True, bias=True, rng=rng),
+     inputs(N(2, 5, 8), N(2, 5, 8), const(ABS_MASK))),
+    ("PositionalSymbols_learned", lambda m, x: m(x), lambda rng: PositionalSymbols(6, 8, rng=rng), inputs(N(2, 5, 8))),
+    ("SymbolicAttention", lambda m, x: m(x), lambda rng: SymbolicAttention(8, 5, 2, d_binding=3, rng=rng),
+     inputs(N(2, 5, 8))),
+    ("AbstractorLayer", lambda m, a, e, k: m(a, e, k), lambda rng: AbstractorLayer(_abstractor_cfg(), rng),
+     inputs(N(2, 5, 8), N(2, 5, 8), const(ABS_MASK))),
+    ("AbstractorLayer_ablation", lambda m, a, e, k: m(a, e, k),
+     lambda rng: AbstractorLayer(_abstractor_cfg(), rng, ablation=True),
+     inputs(N(2, 5, 8), N(2, 5, 8), const(ABS_MASK))),
+    ("AbstractorLayer_simple_sigmoid_symmetric", lambda m, a, e: m(a, e),
+     lambda rng: AbstractorLayer(_abstractor_cfg(symbol_self_attention=False, rca_residual=False, activation="sigmoid",
+                                                 symmetric=True), rng), inputs(N(2, 5, 8), N(2, 5, 8))),
+    ("SimplifiedAbstractorLayer", lambda m, a, x: m(a, x),
+     lambda rng: SimplifiedAbstractorLayer(SimplifiedConfig(**SIMPLE), rng),
+     inputs(N(2, 3, 8), N(2, 3, 8))),
+    ("DecoderLayer_multi_attention", lambda m, y, c1, c2, k: m(y, [c1, c2], k),
+     lambda rng: _decoder_layer(rng, (0, 1)), inputs(N(2, 3, 8), N(2, 5, 8), N(2, 5, 8), const(ABS_MASK))),
+    ("Seq2SeqTransformer", lambda m, x, t, k: m(x, t, k),
+     lambda rng: Seq2SeqTransformer(7, 6, Seq2SeqConfig(**ABS), d_src=3), ABS_SEQ),
+    ("RelationalClassifier", lambda m, x: m(x),
+     lambda rng: RelationalClassifier(4, 3, 2, SimplifiedConfig(**SIMPLE)), inputs(N(2, 3, 4))),
+] + [
+    (f"AbstractorSeq2Seq_{name}", lambda m, x, t, k: m(x, t, k),
+     lambda rng, changes=changes: AbstractorSeq2Seq(7, 6, _abstractor_cfg(**changes), d_src=3), ABS_SEQ)
+    for name, changes in [  # the Ablation model differs only where AbstractorLayer_ablation checks it
+        ("b", {}), ("d_multi_attention", dict(architecture="d")),
+        ("e_multi_attention_code_form", dict(architecture="e", decoder_form="code")),
+    ]
 ]
 
 

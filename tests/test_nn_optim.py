@@ -208,3 +208,18 @@ def test_training_reduces_loss_on_every_device(device):
         opt.step()
         losses.append(float(backend.to_numpy(loss.data)))
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_either_switch_turns_module_dropout_off():
+    """model.eval() alone, or eval_mode() alone, must give the deterministic evaluation output."""
+    from minattn.engine import eval_mode
+    from minattn.models.transformer import Classifier, EncoderConfig
+    model = Classifier("ndr", 19, 8, EncoderConfig(d_model=16, d_ff=16, n_steps=2, dropout=0.5,
+                                                   attention_dropout=0.5, gate_dropout=0.5))
+    model.set_rng(backend.RNG(0))
+    ids, lengths = np.array([[20, 1, 2, 19]]), np.array([4])
+    reference = model.eval()(ids, lengths).data
+    with eval_mode():
+        np.testing.assert_array_equal(model.train()(ids, lengths).data, reference)
+    np.testing.assert_array_equal(model.eval()(ids, lengths).data, reference)
+    assert not np.array_equal(model.train()(ids, lengths).data, reference)   # training: noisy

@@ -356,7 +356,7 @@ def test_encode_decode_round_trip_and_oov(ctl, arith, listops):
 def test_get_task_unknown():
     with pytest.raises(ValueError, match="ctl-backward"):
         tasks.get_task("nope")
-    assert set(tasks.TASKS) == {"ctl", "ctl-backward", "arith", "listops"}
+    assert {"ctl", "ctl-backward", "arith", "listops"} <= set(tasks.TASKS)
 
 
 def test_collate():

@@ -34,24 +34,43 @@ def attention_mask(key_mask, T_q, T_k, causal, like):
 class MultiHeadAttention(Module):
     last_weights = None
 
-    def __init__(self, d_model, n_head, attention_dropout=0.0, rng=None):
+    def __init__(self, d_model, n_head, attention_dropout=0.0, rng=None, d_head=None, bias=False):
+        """``d_head`` (default d_model / n_head) and ``bias`` (on q, k, v and o, initialised to 0) give
+        the Keras layer of the Abstractor code, whose heads are each d_model wide (abstractor.md §5)."""
         rng = rng or np.random.default_rng(0)
-        assert d_model % n_head == 0, "d_model must be divisible by n_head"
-        self.n_head, self.d_head = n_head, d_model // n_head
-        self.w_q = Parameter(xavier_uniform(rng, d_model, d_model))
-        self.w_kv = Parameter(xavier_uniform(rng, d_model, 2 * d_model))   # fused [W_k | W_v]
-        self.out = Linear(d_model, d_model, bias=False, rng=rng)
+        assert d_head or d_model % n_head == 0, "d_model must be divisible by n_head"
+        self.n_head, self.d_head = n_head, d_head or d_model // n_head
+        inner = n_head * self.d_head
+        self.w_q = Parameter(xavier_uniform(rng, d_model, inner))
+        self.w_kv = Parameter(xavier_uniform(rng, d_model, 2 * inner))   # fused [W_k | W_v]
+        self.b_q = Parameter(np.zeros(inner, backend.DEFAULT_DTYPE)) if bias else None
+        self.b_kv = Parameter(np.zeros(2 * inner, backend.DEFAULT_DTYPE)) if bias else None
+        self.out = Linear(inner, d_model, bias=bias, rng=rng)
+        if bias:
+            self.out.bias.data[:] = 0
         self.dropout = Dropout(attention_dropout)
 
-    def forward(self, x, context=None, key_mask=None, causal=False, return_weights=False):
-        """x (B, T, C) queries; context (B, S, C) keys/values (default: x, self-attention)."""
-        context = x if context is None else context
+    def kv(self, context):
+        """Keys and values of ``context`` (B, S, C), each (B, H, S, d_head). A decoder projects a fixed
+        context once and passes them to every step (``forward(..., kv=...)``)."""
+        B, S, C = context.shape
+        kv = context.reshape(B * S, C) @ self.w_kv
+        if self.b_kv is not None:
+            kv = kv + self.b_kv
+        kv = kv.reshape(B, S, 2, self.n_head, self.d_head).transpose(2, 0, 3, 1, 4)
+        return kv[0], kv[1]
+
+    def forward(self, x, context=None, key_mask=None, causal=False, return_weights=False, kv=None):
+        """x (B, T, C) queries; context (B, S, C) keys/values (default: x, self-attention), or ``kv``, the
+        context's keys and values already projected by ``kv()``."""
         B, T, C = x.shape
-        S = context.shape[1]
         H, dh = self.n_head, self.d_head
-        q = (x.reshape(B * T, C) @ self.w_q).reshape(B, T, H, dh).transpose(0, 2, 1, 3)         # (B, H, T, dh)
-        kv = (context.reshape(B * S, C) @ self.w_kv).reshape(B, S, 2, H, dh).transpose(2, 0, 3, 1, 4)
-        k, v = kv[0], kv[1]                                                                      # (B, H, S, dh)
+        q = x.reshape(B * T, C) @ self.w_q
+        if self.b_q is not None:
+            q = q + self.b_q
+        q = q.reshape(B, T, H, dh).transpose(0, 2, 1, 3)                                          # (B, H, T, dh)
+        k, v = kv if kv is not None else self.kv(x if context is None else context)             # (B, H, S, dh)
+        S = k.shape[2]
         logits = (q @ k.swapaxes(-1, -2)) * (1.0 / math.sqrt(dh))                               # (B, H, T, S)
         mask = attention_mask(key_mask, T, S, causal, x.data)
         if mask is not None:
@@ -59,6 +78,6 @@ class MultiHeadAttention(Module):
         A = F.softmax(logits, axis=-1)
         if self.record:  # kept for analysis and plots (see UniversalEncoder's trace)
             self.last_weights = A
-        y = (self.dropout(A) @ v).transpose(0, 2, 1, 3).reshape(B, T, C)
+        y = (self.dropout(A) @ v).transpose(0, 2, 1, 3).reshape(B, T, H * dh)
         y = self.out(y)
         return (y, A) if return_weights else y

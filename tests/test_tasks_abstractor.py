@@ -1,0 +1,197 @@
+"""The Abstractor's tasks (spec abstractor.md §6, §8.5) and their training families in train.py."""
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+import tasks
+import train
+
+
+@pytest.fixture(scope="module")
+def sort_task():
+    return tasks.SortTask()
+
+
+def _disjoint(splits):
+    rows = [{tuple(r) for r in s.index.tolist()} for s in splits.values()]
+    return all(not (a & b) for a, b in itertools.combinations(rows, 2))
+
+
+def test_sort_objects_and_their_order(sort_task):
+    objects = sort_task.objects
+    assert objects.shape == (48, 12) and len(np.unique(objects, axis=0)) == 48
+    a, b = objects[::12, :4], objects[:12, 4:]                 # a_i = object 12i's first 4, b_j = object j's last 8
+    for i, j in itertools.product(range(4), range(12)):
+        np.testing.assert_array_equal(objects[12 * i + j], np.concatenate([a[i], b[j]]))
+
+
+def test_sort_splits_sequences_and_targets(sort_task):
+    splits = sort_task.splits
+    assert {k: len(s) for k, s in splits.items()} == {"test": 20_000, "valid": 10_000, "train": 70_000}
+    assert _disjoint(splits)
+    for s in splits.values():
+        assert s.index.shape[1] == 10 and all(len(set(r)) == 10 for r in s.index[:500].tolist())
+        np.testing.assert_array_equal(s.labels, np.argsort(s.index, axis=1))
+        # the labels put the objects in increasing order: index[labels] is sorted
+        assert (np.diff(np.take_along_axis(s.index, s.labels, axis=1), axis=1) > 0).all()
+    assert set(np.unique(splits["train"].index)) == set(range(48))
+    labels = np.array([[7, 1, 4, 5, 0, 9, 3, 8, 2, 6]])
+    np.testing.assert_array_equal(tasks.SortTask.decoder_inputs(labels), [[10, 7, 1, 4, 5, 0, 9, 3, 8, 2]])
+    np.testing.assert_array_equal(np.argsort([17, 3, 40, 29, 5, 11, 46, 0, 33, 21]), labels[0])  # the docstring
+
+
+def test_sort_is_deterministic_and_seeded():
+    a, b, c = tasks.SortTask(n_sequences=1000), tasks.SortTask(n_sequences=1000), tasks.SortTask(1, n_sequences=1000)
+    np.testing.assert_array_equal(a.splits["test"].index, b.splits["test"].index)
+    assert not np.array_equal(a.objects, c.objects)
+
+
+def test_training_subsets(sort_task):
+    pool = sort_task.splits["train"]
+    sub = pool.sample(500, np.random.default_rng(0))
+    assert len(sub) == 500 and len({tuple(r) for r in sub.index.tolist()}) == 500
+    assert {tuple(r) for r in sub.index.tolist()} <= {tuple(r) for r in pool.index.tolist()}
+    assert not np.array_equal(sub.index, pool.sample(500, np.random.default_rng(1)).index)
+    for n in (0, 70_001):
+        with pytest.raises(ValueError, match="train size .* out of range"):
+            pool.sample(n, np.random.default_rng(0))
+
+
+def test_epoch_batches_visit_every_sample_once_per_epoch():
+    stream = tasks.epoch_batches(10, 4, np.random.default_rng(0))
+    for _ in range(2):
+        epoch = [next(stream) for _ in range(3)]
+        assert [len(b) for b in epoch] == [4, 4, 2]
+        assert sorted(np.concatenate(epoch).tolist()) == list(range(10))
+    with pytest.raises(ValueError):
+        next(tasks.epoch_batches(0, 4, np.random.default_rng(0)))
+
+
+def test_pairwise_order():
+    task = tasks.PairwiseOrderTask()
+    assert task.objects.shape == (64, 32)
+    assert {k: len(s) for k, s in task.splits.items()} == {"test": 1412, "valid": 605, "train": 2015}
+    assert _disjoint(task.splits)
+    index = np.concatenate([s.index for s in task.splits.values()])
+    labels = np.concatenate([s.labels for s in task.splits.values()])
+    assert len({tuple(r) for r in index.tolist()}) == 4032 and (index[:, 0] != index[:, 1]).all()
+    np.testing.assert_array_equal(labels, index[:, 0] < index[:, 1])
+
+
+def test_set_cards_and_rule():
+    attrs = tasks.card_attributes()
+    assert attrs.shape == (81, 4) and len({tuple(a) for a in attrs.tolist()}) == 81
+    np.testing.assert_array_equal(attrs[[0, 5, 40, 80]], [[0, 0, 0, 0], [0, 0, 1, 2], [1, 1, 1, 1], [2, 2, 2, 2]])
+    assert tasks.is_set(attrs[[0, 40, 80]]) and not tasks.is_set(attrs[[0, 1, 5]])
+
+
+def brute_force_set(values):
+    """The game's definition, attribute by attribute: all equal or all different."""
+    return all(len(set(column)) in (1, 3) for column in zip(*values))
+
+
+@pytest.mark.parametrize("check_negatives", [True, False])
+def test_set_triples_by_brute_force(check_negatives):
+    task = tasks.SetTask(check_negatives=check_negatives)
+    attrs = task.attributes
+    assert {k: len(s) for k, s in task.splits.items()} == {"test": 2000, "valid": 1000, "train": 7000}
+    index = np.concatenate([s.index for s in task.splits.values()])
+    labels = np.concatenate([s.labels for s in task.splits.values()])
+    assert labels.sum() == 5000 and all(len(set(r)) == 3 for r in index.tolist())
+    truth = np.array([brute_force_set(attrs[r].tolist()) for r in index])
+    assert truth[labels == 1].all()
+    if check_negatives:
+        assert not truth[labels == 0].any()
+    else:
+        assert 0 < truth[labels == 0].sum() < 200              # ≈ 1/79 of the 5,000 unchecked negatives
+    first = index[labels == 1][:, 0]
+    assert len(np.unique(first)) > 60                           # the completed card is not always last
+
+
+def test_set_card_encodings():
+    onehot = tasks.SetTask().objects
+    np.testing.assert_array_equal(onehot.reshape(81, 4, 3).argmax(-1), tasks.card_attributes())
+    assert (onehot.sum(1) == 4).all()
+    random64 = tasks.SetTask(cards="random64").objects
+    M = np.random.default_rng(12345).standard_normal((64, 12))
+    np.testing.assert_allclose(random64, np.tanh(onehot @ M.T), rtol=1e-6)
+    with pytest.raises(ValueError, match="unknown card encoding"):
+        tasks.SetTask(cards="images")
+
+
+def test_get_task_and_cli(tmp_path, capsys):
+    assert isinstance(tasks.get_task("pairwise"), tasks.PairwiseOrderTask)
+    assert tasks._main(["stats", "--task", "set"]) == 0 and "7,000 samples of 3 objects" in capsys.readouterr().out
+    assert tasks._main(["export", "--task", "pairwise", "--out", str(tmp_path)]) == 0
+    first = (tmp_path / "train.tsv").read_text().splitlines()[0].split("\t")
+    assert len(first[0].split()) == 2 and first[1] in ("0", "1")
+
+
+# --- the training families -----------------------------------------------------------------------------------
+
+def test_steps_and_evaluations_count_epochs():
+    cfg = train.make_config("sort", "abstractor", "cpu", train_size=2000)
+    family = train.family_of("sort")(cfg)
+    assert (cfg.steps, cfg.eval_every, cfg.batch_size, cfg.grad_clip, cfg.weight_decay) == (1600, 40, 512, 0.0, 0.0)
+    cfg = train.make_config("sort", "abstractor", "paper", train_size=500, steps=7)
+    train.family_of("sort")(cfg)
+    assert (cfg.steps, cfg.eval_every) == (7, 1)
+    assert family.select_split == "valid_tf"
+    cfg = train.make_config("set", "abstractor-simplified")
+    train.family_of("set")(cfg)
+    assert (cfg.steps, cfg.model_config.activation, cfg.model_config.symmetric) == (200 * 32, "linear", True)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--task", "sort", "--model", "abstractor-simplified"], "valid models: abstractor, abstractor-ablation"),
+    (["--task", "sort", "--model", "abstractor", "--train-size", "80000"], "train size 80000 is out of range"),
+    (["--task", "sort", "--model", "abstractor", "--set", "architecture=c"], "unknown architecture"),
+    (["--task", "set", "--model", "abstractor-simplified", "--set", "cards=images"], "unknown card encoding"),
+    (["--task", "ctl", "--model", "ndr", "--train-size", "5"], "unknown setting 'train_size'"),
+])
+def test_bad_settings_exit_2_with_one_line(argv, message, tmp_path, capsys):
+    assert train.main(argv + ["--out", str(tmp_path / "run"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_pairwise_run_end_to_end(tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["--task", "pairwise", "--model", "abstractor-simplified", "--train-size", "100", "--out", str(out),
+            "--no-progress", "--set", "epochs=3"]
+    assert train.main(argv) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["steps"] == 6 and set(res["metrics"]) == {"train", "valid", "valid_loss", "test"}
+    assert res["config"]["model_config"]["train_size"] == 100
+    log = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in log] == [2, 4, 6]
+    best = min(log, key=lambda e: (e["valid_loss"], -e["step"]))
+    assert res["metrics"]["test"] == best["test"] and res["best_step"] == best["step"]
+
+
+def test_sort_run_evaluates_greedy_metrics_only_when_selectable(tmp_path, monkeypatch):
+    """A tiny sort run (a small data set and model) through the real family: metrics at the selected step."""
+    monkeypatch.setattr(train.SortFamily, "make_task", lambda self: tasks.SortTask(n_sequences=400))
+    cfg = train.make_config("sort", "abstractor", "cpu", train_size=64, batch_size=32, steps=6, eval_every=2,
+                            d_model=8, d_ff=8, eval_batch_size=50)
+    res = train.train(cfg, str(tmp_path / "run"), progress=False)
+    log = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    best = max(log, key=lambda e: (e["valid_tf"], e["step"]))
+    assert res["best_step"] == best["step"] and res["metrics"]["test"] == best["test"] is not None
+    for e in log:
+        assert (e["test"] is None) == (e["valid_tf"] < max(p["valid_tf"] for p in log if p["step"] <= e["step"]))
+    assert 0 <= res["metrics"]["test_elem"] <= 1 and "train" in res["metrics"]
+
+
+def test_early_stopping_after_patience_epochs(tmp_path):
+    """patience 2 epochs of 2 steps: training ends at the first evaluation 4 steps after the first best one
+    (a tie is no improvement, as in Keras' EarlyStopping)."""
+    cfg = train.make_config("pairwise", "abstractor-simplified", train_size=100, epochs=50, patience=2)
+    res = train.train(cfg, str(tmp_path / "run"), progress=False)
+    log = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    first_best = [min(log[:i + 1], key=lambda e: (e["valid_loss"], e["step"]))["step"] for i in range(len(log))]
+    gaps = [e["step"] - b for e, b in zip(log, first_best)]
+    assert res["steps"] == log[-1]["step"] < 100 and gaps[-1] >= 4 and all(g < 4 for g in gaps[:-1])
+    assert res["metrics"]["valid_loss"] == min(e["valid_loss"] for e in log)
