@@ -153,7 +153,7 @@ _CPU = {
     "transformer-rel-gate": dict(d_model=128, n_head=1, dropout=0.3, attention_dropout=0.1),
     "transformer-absrel-gate": dict(d_model=128, n_head=1, dropout=0.3, attention_dropout=0.1),
 }
-_CPU_STEPS = {"ctl": 4000, "arith": 3000, "listops": 3000}
+_CPU_STEPS = {"ctl": 5000, "arith": 3000, "listops": 3000}
 
 
 def _task_family(task):

@@ -31,6 +31,14 @@ def attention_mask(key_mask, T_q, T_k, causal, like):
     return mask
 
 
+def masked_softmax(logits, key_mask=None, causal=False):
+    """softmax over the keys of logits (B, H, T, S); forbidden keys get the finite MASKED logit."""
+    mask = attention_mask(key_mask, logits.shape[-2], logits.shape[-1], causal, logits.data)
+    if mask is not None:
+        logits = F.masked_fill(logits, ~mask, MASKED)
+    return F.softmax(logits, axis=-1)
+
+
 class MultiHeadAttention(Module):
     last_weights = None
 
@@ -72,10 +80,7 @@ class MultiHeadAttention(Module):
         k, v = kv if kv is not None else self.kv(x if context is None else context)             # (B, H, S, dh)
         S = k.shape[2]
         logits = (q @ k.swapaxes(-1, -2)) * (1.0 / math.sqrt(dh))                               # (B, H, T, S)
-        mask = attention_mask(key_mask, T, S, causal, x.data)
-        if mask is not None:
-            logits = F.masked_fill(logits, ~mask, MASKED)
-        A = F.softmax(logits, axis=-1)
+        A = masked_softmax(logits, key_mask, causal)
         if self.record:  # kept for analysis and plots (see UniversalEncoder's trace)
             self.last_weights = A
         y = (self.dropout(A) @ v).transpose(0, 2, 1, 3).reshape(B, T, H * dh)

@@ -20,7 +20,7 @@ import numpy as np
 from .. import backend
 from .. import functional as F
 from ..nn import Dropout, Linear, Module, Parameter, sinusoidal_positions, xavier_uniform
-from .multihead import MASKED, attention_mask
+from .multihead import masked_softmax
 
 
 class RelativeMultiHeadAttention(Module):
@@ -71,11 +71,7 @@ class RelativeMultiHeadAttention(Module):
             absolute = qv @ r_abs.swapaxes(-1, -2)                                               # (B, H, T, T)
             g = F.sigmoid(self.abs_gate(x)).transpose(0, 2, 1)[..., None]                        # (B, H, T, 1)
             position = g * position + (1 - g) * absolute                                        # (e)
-        logits = self.alpha * (content + position)
-        mask = attention_mask(key_mask, T, T, causal, x.data)
-        if mask is not None:
-            logits = F.masked_fill(logits, ~mask, MASKED)
-        A = F.softmax(logits, axis=-1)
+        A = masked_softmax(self.alpha * (content + position), key_mask, causal)
         if self.record:  # kept for analysis and plots (see UniversalEncoder's trace)
             self.last_weights = A
         y = self.out((A @ v).transpose(0, 2, 1, 3).reshape(B, T, C))
