@@ -110,10 +110,11 @@ def test_paper_preset_matches_the_spec_table():
 
 @pytest.mark.slow
 def test_ndr_learns_ctl(tmp_path, capsys):
-    """A short run at the cpu preset: the loss must fall well below chance (ln 8 ≈ 2.08)."""
-    code, _ = run(["--task", "ctl", "--model", "ndr", "--steps", "600", "--eval-every", "300", "--no-progress",
+    """The cpu preset's first 2000 steps (~10 min): the loss falls far below chance (ln 8 ≈ 2.08) and
+    IID accuracy jumps (the seed-0 run of RESULTS.md had IID 0.9995 at step 2000)."""
+    code, _ = run(["--task", "ctl", "--model", "ndr", "--steps", "2000", "--eval-every", "1000", "--no-progress",
                    "--out", str(tmp_path)], capsys)
     assert code == 0
     log = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     assert log[-1]["train_loss"] < 1.0
-    assert log[-1]["iid"] > 0.5
+    assert log[-1]["iid"] > 0.9
