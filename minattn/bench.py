@@ -103,7 +103,7 @@ def bench_mlp(device, repeat):
 
 def encoder_flops(B, T, cfg, gated):
     """Matmul FLOPs of one training step of a shared-layer encoder (forward 2·M·N·K, ×3 with backward)."""
-    d, H = cfg.d_model, cfg.n_head
+    d = cfg.d_model
     N = B * T
     per_layer = N * d * 3 * d + N * d * d          # q, k, v and output projections
     per_layer += 2 * B * T * T * d                  # Q Kᵀ and A V over all heads

@@ -78,7 +78,6 @@ class MultiHeadAttention(Module):
             q = q + self.b_q
         q = q.reshape(B, T, H, dh).transpose(0, 2, 1, 3)                                          # (B, H, T, dh)
         k, v = kv if kv is not None else self.kv(x if context is None else context)             # (B, H, S, dh)
-        S = k.shape[2]
         logits = (q @ k.swapaxes(-1, -2)) * (1.0 / math.sqrt(dh))                               # (B, H, T, S)
         A = masked_softmax(logits, key_mask, causal)
         if self.record:  # kept for analysis and plots (see UniversalEncoder's trace)
