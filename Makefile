@@ -2,6 +2,7 @@
 #   make test [DEVICE=gpu]                      the test suite (DEVICE=gpu: GPU cases must run, not skip)
 #   make test-slow                              the slow training checks
 #   make train TASK=ctl MODEL=ndr DEVICE=cpu ARGS="--steps 1000"
+#   make plot RUN=runs/ctl-ndr-cpu-s0 [TASK=ctl MODEL=ndr]  pictures of a checkpoint into RUN/plots
 #   make bench                                  engine/model speed (not a test)
 PYTHON ?= python3
 VENV   := .venv
@@ -10,12 +11,13 @@ DEVICE ?= cpu
 TASK   ?= ctl
 MODEL  ?= ndr
 ARGS   ?=
+RUN    ?=
 # The CuPy wheel for DEVICE=gpu: cupy-cuda12x or cupy-cuda13x, matching the CUDA driver (nvidia-smi).
 CUPY   ?= cupy-cuda12x
 # BLAS threads: 1 was faster for these small models on a shared 2-core machine (see README).
 export OPENBLAS_NUM_THREADS ?= 1
 
-.PHONY: venv test test-slow train bench clean
+.PHONY: venv test test-slow train plot bench clean
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +37,14 @@ test-slow: venv
 
 train: venv
 	$(PY) train.py --task $(TASK) --model $(MODEL) --device $(DEVICE) $(ARGS)
+
+# The checkpoint names its task and model: TASK and MODEL are passed (and checked against it) only when
+# given on the command line. PNGs need matplotlib (.venv/bin/pip install -e '.[plot]'); without it the maps
+# are printed as text.
+plot: venv
+	$(if $(RUN),,$(error make plot needs RUN=DIR, a run directory with a checkpoint))
+	$(PY) train.py --plot --out $(RUN) --device $(DEVICE) $(if $(filter command line,$(origin TASK)),--task $(TASK)) \
+		$(if $(filter command line,$(origin MODEL)),--model $(MODEL)) $(ARGS)
 
 bench: venv
 	$(PY) -m minattn.bench --device $(DEVICE) $(ARGS)

@@ -32,12 +32,15 @@ import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import tasks  # noqa: E402
-from minattn import backend, optim  # noqa: E402
+from minattn import backend, optim, viz  # noqa: E402
 from minattn import functional as F  # noqa: E402
 from minattn.engine import eval_mode, no_grad  # noqa: E402
 from minattn.models import crt, seq2attn  # noqa: E402
 from minattn.models import abstractor  # noqa: E402
 from minattn.models.transformer import ARCHITECTURES, Classifier, EncoderConfig  # noqa: E402
+from minattn.attention import coda  # noqa: E402
+from minattn.models.transformer import CoDASeq2SeqTransformer, Seq2SeqTransformer  # noqa: E402
+from minattn.models.transformer import Seq2SeqConfig as EncoderDecoderConfig  # noqa: E402
 
 CHECKPOINT_VERSION = 1
 
@@ -109,6 +112,10 @@ class Family:
         """Extra numbers for the metrics log (e.g. the mean gate)."""
         return {}
 
+    def optimizer(self, params):
+        """The optimizer (default: AdamW at the run's constant learning rate and weight decay)."""
+        return optim.AdamW(params, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
+
     def stop_early(self, step, history):
         """True to end training before ``cfg.steps`` (early stopping); asked before every step with the
         evaluations logged so far (restored on --resume, so a resumed run stops where a straight one does)."""
@@ -117,6 +124,11 @@ class Family:
     def analyze(self, model):
         """Text describing what a trained model does (``train.py --analyze``)."""
         raise UsageError(f"no analysis for task {self.cfg.task}")
+
+    def plot_examples(self, model, texts):
+        """``viz`` pictures of the model on a fixed sample of test examples, or on the inputs ``texts``
+        (``train.py --plot --example TEXT``)."""
+        raise UsageError(f"no pictures for task {self.cfg.task}")
 
 
 # --- presets ----------------------------------------------------------------------------------------------
@@ -160,8 +172,20 @@ def _task_family(task):
     return "ctl" if task.startswith("ctl") else task
 
 
+@dataclasses.dataclass
+class CoDAEncoderConfig(coda.CoDAConfig, EncoderConfig):
+    """EncoderConfig plus CoDA's options (``coda_*``): the model config of ``transformer-coda``."""
+
+
 def _classification_config(task, model, preset):
     """Presets of the NDR paper's models on CTL, arithmetic and ListOps (spec ndr.md §8)."""
+    if model == "transformer-coda":  # a drop-in (spec coda.md §3): exactly the Transformer's run, CoDA attention
+        cfg = _classification_config(task, "transformer", preset)
+        # β = 1/√d_k (N = G/d_k, spec §3.11): at β = 1 the mean gate started at 0.006 on CTL and stayed there
+        # for 400 steps; at 1/√d_k it starts near 0.5.
+        enc = cfg.model_config
+        return dataclasses.replace(cfg, model=model, model_config=CoDAEncoderConfig(
+            **dataclasses.asdict(enc), coda_beta=(enc.n_head / enc.d_model) ** 0.5))
     family = _task_family(task)
     d, d_ff, H, n_steps, lr, wd, drop, att_drop, gate_drop, iters = _PAPER[(family, model)]
     gated = model in ("ndr", "transformer-rel-gate", "transformer-absrel-gate")
@@ -206,8 +230,11 @@ class ClassificationFamily(Family):
         return self.task
 
     def build_model(self):
-        return Classifier(self.cfg.model, len(self.task.vocab), len(self.task.classes), self.cfg.model_config,
-                          seed=self.cfg.seed)
+        try:  # e.g. an unknown --set coda_gate
+            return Classifier(self.cfg.model, len(self.task.vocab), len(self.task.classes), self.cfg.model_config,
+                              seed=self.cfg.seed)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
 
     def batches(self, rng):
         return tasks.batches(self.task.splits["train"], self.cfg.batch_size, rng, self.cfg.batching)
@@ -233,14 +260,36 @@ class ClassificationFamily(Family):
         return float(backend.to_numpy(correct)) / len(split)
 
     def log_extra(self, model):
-        """Mean copy-gate activation on a few IID samples: the spec warns gates can stay shut."""
-        if self.cfg.model not in ("ndr", "transformer-rel-gate", "transformer-absrel-gate"):
+        """Mean copy-gate activation on a few IID samples: the spec warns gates can stay shut. For
+        transformer-coda, the mean CoDA gate instead (spec coda.md §3.11: it can start almost closed)."""
+        if self.cfg.model not in ("ndr", "transformer-rel-gate", "transformer-absrel-gate", "transformer-coda"):
             return {}
         x, lengths, _ = self._to_device(next(tasks.eval_batches(self.task.splits["iid"], 256)))
+        if self.cfg.model == "transformer-coda":
+            with no_grad(), eval_mode():
+                return {"gate_mean": round(coda.mean_gate(model, lambda: model(x, lengths)), 4)}
         trace = []
         with no_grad(), eval_mode():
             model(x, lengths, trace=trace)
         return {"gate_mean": round(float(np.mean([backend.to_numpy(g.data).mean() for _, g in trace])), 4)}
+
+    def plot_examples(self, model, texts):
+        """NDR paper Figs. 2–3: copy gates and the attention of every head at every step."""
+        split, names = self.task.splits["test"], list(self.task.vocab) + ["<eos>", "<sos>"]
+        try:
+            examples = [(f"example{k}", self.task.encode(text), None) for k, text in enumerate(texts)]
+        except ValueError as e:
+            raise UsageError(f"--example: {e}") from None
+        examples = examples or [(f"test{i}", split.inputs[i], self.task.classes[split.labels[i]])
+                                for i in _plot_sample(len(split))]
+        pictures = []
+        for name, seq, target in examples:
+            ids, lengths = tasks.collate([seq], len(self.task.vocab))
+            title = f"{self.cfg.task} / {self.cfg.model}: {self.task.decode(seq)}"
+            title += f" (target {target})" if target else ""
+            pictures += viz.encoder_pictures(model, *self._to_device((ids, lengths)), [names[i] for i in ids[0]], title,
+                                             name, self.task.classes)
+        return pictures
 
 
 # --- the Contextual Retrieval Task (spec compositional.md §7–9) ---------------------------------------------
@@ -323,6 +372,15 @@ class RetrievalFamily(Family):
             _, _, c = model(backend.to_device(x, self.cfg.device), return_weights=True)
         table = crt.format_specialisation(crt.specialisation(c.data, prefs, self.task.retrievals))
         return f"mean value scores on 2048 fresh samples ({self.train_pool} combinations):\n{table}"
+
+    def plot_examples(self, model, texts):
+        """Paper Figs. 4–5: search maps, and value scores per search and per ground-truth retrieval, on the
+        fresh samples --analyze uses (inputs are random vectors: there is no text to give)."""
+        if texts:
+            raise UsageError("retrieval inputs are random vectors: --example is not available for this task")
+        x, _, prefs = self.task.batch(2048, np.random.default_rng([self.cfg.seed, 3]), self.train_pool)
+        return viz.retrieval_pictures(model, backend.to_device(x, self.cfg.device), prefs,
+                                      f"retrieval / {self.cfg.model} ({self.train_pool} combinations)")
 
 
 # --- seq2seq tasks of seq2attn: lookup tables and SCAN (spec seq2attn.md §1.8, §2.5, §3.6) -----------------
@@ -437,6 +495,31 @@ class Seq2SeqFamily(Family):
                     result["validation_loss"] = round(float(backend.to_numpy(loss)) / len(split), 5)
         return result
 
+    def plot_examples(self, model, texts):
+        """The attention trace (one-hot for seq2attn at inference) and the temperature of every step, on
+        test examples (lookup: heldout_compositions) or --example inputs ("100 t3 t1 .", "jump twice")."""
+        task, index = self.task, {t: i for i, t in enumerate(self.task.in_vocab)}
+        split_name = "test" if "test" in task.splits else "heldout_compositions"
+        split, examples = task.splits[split_name], []
+        for k, text in enumerate(texts):
+            unknown = [t for t in text.split() if t not in index]
+            if unknown or not text.split():
+                raise UsageError(f"--example {text!r}: {'unknown ' + ' '.join(unknown) if unknown else 'empty'}; "
+                                 f"input tokens: {' '.join(task.in_vocab[2:])}")
+            examples.append((f"example{k}", np.array([index[t] for t in text.split()]), None))
+        examples = examples or [(f"{split_name}{i}", split.inputs[i], task.decode(split.targets[i]))
+                                for i in _plot_sample(len(split))]
+        longest = max(int(s.targets.lengths.max()) for s in task.splits.values())
+        pictures = []
+        for name, src, target in examples:
+            tokens = [task.in_vocab[i] for i in src]
+            title = f"{self.cfg.task} / {self.cfg.model}: {' '.join(tokens)}"
+            title += f" (target {target})" if target else ""
+            src, lengths = self._to_device((src[None], np.array([len(src)])))
+            pictures += viz.seq2attn_pictures(model, src, lengths, longest + len(tokens), tokens, task.out_vocab,
+                                              title, name)
+        return pictures
+
 
 # --- the Abstractor's relational tasks: object sorting, pairwise order, SET (spec abstractor.md §6) ----------
 
@@ -525,6 +608,17 @@ class _ObjectTaskFamily(Family):
     def _objects(self, split):
         return backend.to_device(self.task.objects[split.index], self.cfg.device)
 
+    def _plot_samples(self, texts):
+        """(name, object indices) of the test samples --plot shows, or of --example texts of indices."""
+        split, examples = self.task.splits["test"], []
+        n, m = len(self.task.objects), split.index.shape[1]
+        for k, text in enumerate(texts):
+            index = np.array([int(t) for t in text.split() if t.isdigit()])
+            if len(text.split()) != m or len(set(index.tolist())) != m or not (index < n).all():
+                raise UsageError(f"--example {text!r}: give {m} distinct object indices in 0..{n - 1}")
+            examples.append((f"example{k}", index))
+        return examples or [(f"test{i}", split.index[i]) for i in _plot_sample(len(split))]
+
 
 class SortFamily(_ObjectTaskFamily):
     """Object sorting with the encoder–decoder models (spec §6.1): cross-entropy over the 10 positions under
@@ -589,6 +683,17 @@ class SortFamily(_ObjectTaskFamily):
                 result.update(test=frac(seqs, splits["test"]), test_elem=frac(tokens, splits["test"], True))
         return result
 
+    def plot_examples(self, model, texts):
+        """Encoder attention, the Abstractor's relation matrices and its symbols' attention, on test sequences
+        or --example object indices ("17 3 40 29 5 11 46 0 33 21": 10 of the 48 objects)."""
+        pictures = []
+        for name, index in self._plot_samples(texts):
+            title = (f"sort / {self.cfg.model}: objects {' '.join(map(str, index))} "
+                     f"(target {' '.join(map(str, np.argsort(index)))})")
+            pictures += viz.seq2seq_pictures(model, backend.to_device(self.task.objects[index][None], self.cfg.device),
+                                             len(index), tasks.SortTask.START, [f"o{i}" for i in index], title, name)
+        return pictures
+
 
 class PairwiseSetFamily(_ObjectTaskFamily):
     """Pairwise order and SET with the simplified Abstractor (spec §6.4–6.5): binary cross-entropy on one
@@ -639,8 +744,172 @@ class PairwiseSetFamily(_ObjectTaskFamily):
                     result["valid_loss"] = round(float(backend.to_numpy(loss)) / len(split), 5)
         return result
 
+    def plot_examples(self, model, texts):
+        """The relation matrices of every layer and relation, on test samples or --example object indices
+        (pairwise: "5 41", two of the 64 objects; set: "0 40 80", three of the 81 cards)."""
+        pictures = []
+        for name, index in self._plot_samples(texts):
+            if self.cfg.task == "pairwise":
+                tokens, classes = [f"o{i}" for i in index], ("first > second", "first < second")
+                target = int(index[0] < index[1])
+            else:  # a card is shown with its attribute values (number, colour, pattern, shape)
+                attrs = self.task.attributes[index]
+                tokens = [f"{i}:{''.join(map(str, a))}" for i, a in zip(index, attrs)]
+                classes, target = ("no SET", "SET"), int(tasks.is_set(attrs))
+            title = f"{self.cfg.task} / {self.cfg.model}: {' '.join(tokens)} (target {classes[target]})"
+            x = backend.to_device(self.task.objects[index][None], self.cfg.device)
+            pictures += viz.relational_pictures(model, x, tokens, title, name, classes)
+        return pictures
 
-FAMILIES = [ClassificationFamily, RetrievalFamily, Seq2SeqFamily, SortFamily, PairwiseSetFamily]
+
+# --- Mathematical Language Understanding with softmax or CoDA attention (spec coda.md §5–6) ------------------
+
+@dataclasses.dataclass
+class MLUConfig(coda.CoDAConfig, EncoderDecoderConfig):
+    """The encoder–decoder's settings (models/transformer.py Seq2SeqConfig), CoDA's (``coda_*``, read only by
+    transformer-seq2seq-coda) and the run's."""
+    train_size: int = 200_000      # distinct training pairs (--train-size); valid 2,000 and test 5,000 stay fixed
+    warmup: int = 1000             # steps of linear learning-rate warm-up, then lr·√(warmup/step)
+    eval_train: int = 2000         # training pairs whose greedy accuracy is reported as "train"
+
+
+class WarmupAdamW(optim.AdamW):
+    """AdamW (β 0.9/0.98, ε 1e-9; spec coda.md §6) whose rate rises linearly to ``lr`` over ``warmup`` steps,
+    then decays as lr·√(warmup/t) (Vaswani et al. 2017, §5.3, with the peak given directly). The rate is a
+    function of the step count alone, so --resume continues the schedule exactly."""
+
+    def __init__(self, params, lr, warmup, weight_decay=0.0):
+        super().__init__(params, lr, betas=(0.9, 0.98), eps=1e-9, weight_decay=weight_decay)
+        self.peak, self.warmup = lr, warmup
+
+    def step(self):
+        t = self.t + 1
+        self.lr = self.peak * min(t / self.warmup, (self.warmup / t) ** 0.5) if self.warmup else self.peak
+        super().step()
+
+
+def _mlu_config(task, model, preset):
+    """Spec coda.md §6 (project choices, the paper gives none): a 2+2-layer post-LN encoder–decoder, d 128,
+    4 heads of 32, d_ff 512, dropout 0.1 (embeddings, FF outputs, attention weights), LayerNorm ε 1e-5,
+    interleaved sinusoidal positions, untied embeddings; AdamW without decay, peak lr 1e-3 after 1,000
+    warm-up steps, batch 128, no clipping, 5,000 steps on 200k distinct pairs, evaluated every 500.
+    CoDA: β = 1/√d_k (N = G/d_k, spec §3.11). In a 300-step smoke run (seed 0) at β = 1, exactly paper Eq. 10
+    (``--set coda_beta=1``), the mean gate started at 0.013 and passed 0.05 only after ~200 steps, with 0%
+    validation sequence accuracy at step 200; at 1/√d_k it stayed near 0.55, with 16% (both 17% at step 300).
+    "paper": the same model (T2T's "tiny" size), 100,000 steps at batch 512 on 10.8M pairs (the paper's 12M
+    split 9:1; generating them takes ~1 min and ~9 GB of host memory), warm-up 4,000, evaluated every 5,000
+    steps; the held-out sets stay the fixed 2,000 + 5,000 pairs."""
+    mc = MLUConfig(d_model=128, n_head=4, d_head=32, d_ff=512, n_encoder_layers=2, n_decoder_layers=2, dropout=0.1,
+                   attention_dropout=0.1, ln_eps=1e-5, pe_layout="interleaved", coda_beta=1 / 32 ** 0.5)
+    cfg = RunConfig(task=task, model=model, preset=preset, steps=5000, batch_size=128, lr=1e-3, weight_decay=0.0,
+                    grad_clip=0.0, batching="shuffled", eval_every=500, eval_batch_size=1000, model_config=mc)
+    if preset == "paper":
+        cfg.steps, cfg.batch_size, cfg.eval_every = 100_000, 512, 5000
+        cfg.model_config = dataclasses.replace(mc, train_size=10_800_000, warmup=4000)
+    return cfg
+
+
+def _prefix(split, n):
+    """The first n examples of a Seq2SeqSplit (generation order is random, so a fair sample)."""
+    n = min(n, len(split))
+    return tasks.Seq2SeqSplit(tasks.Ragged(split.inputs.tokens, split.inputs.offsets[:n + 1]),
+                              tasks.Ragged(split.targets.tokens, split.targets.offsets[:n + 1]), split.lines[:n],
+                              split.in_vocab, split.out_vocab)
+
+
+class MLUFamily(Family):
+    """MLU with the character-level encoder–decoder, softmax (``transformer-seq2seq``) or CoDA everywhere
+    (``transformer-seq2seq-coda``; spec coda.md §6): cross-entropy under teacher forcing, <pad> ignored.
+    The metric is sequence accuracy under greedy decoding: every character and the <eos> must be right
+    (spec §5.9), on ``train`` (its first ``eval_train`` pairs), ``valid`` (model selection) and ``test``
+    (reported at the selected evaluation). ``gate_mean``: CoDA's mean gate on 256 validation pairs.
+    Measured on the 2-core machine next to another training job (one BLAS thread), cpu preset: softmax
+    240–345 ms/step, CoDA 300–390 ms/step; an evaluation (9,000 greedy decodes) ~8 s. A run of 5,000 steps
+    takes ~21–30 min (softmax) and ~26–34 min (CoDA)."""
+    tasks = ("mlu",)
+    models = ("transformer-seq2seq", "transformer-seq2seq-coda")
+    report_final = ()
+    config = staticmethod(_mlu_config)
+    PAD = 0                        # <pad> in MLUTask.out_vocab: ignored by the loss and the accuracies
+
+    def load_task(self):
+        try:
+            self.task = tasks.MLUTask(n_train=self.cfg.model_config.train_size)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        self.train_eval = _prefix(self.task.splits["train"], self.cfg.model_config.eval_train)
+        return self.task
+
+    def build_model(self):
+        cls = CoDASeq2SeqTransformer if self.cfg.model == "transformer-seq2seq-coda" else Seq2SeqTransformer
+        n_out = len(self.task.out_vocab)   # output class c is output token c (greedy feeds it back)
+        try:
+            return cls(n_out, n_out, self.cfg.model_config, n_src_tokens=len(self.task.in_vocab), seed=self.cfg.seed)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+
+    def optimizer(self, params):
+        return WarmupAdamW(params, self.cfg.lr, self.cfg.model_config.warmup, self.cfg.weight_decay)
+
+    def batches(self, rng):
+        return self.task.splits["train"].batches(self.cfg.batch_size, rng, self.cfg.batching)
+
+    def _arrays(self, batch):
+        """Device arrays: source ids, source mask, decoder input [<sos>, y_1..y_{T−1}] and targets."""
+        src, src_lengths, tgt, _ = batch
+        tgt_in = np.concatenate([np.full((len(tgt), 1), self.task.sos, tgt.dtype), tgt[:, :-1]], axis=1)
+        src_mask = np.arange(src.shape[1]) < src_lengths[:, None]
+        return [backend.to_device(a, self.cfg.device) for a in (src, src_mask, tgt_in, tgt)]
+
+    def loss(self, model, batch):
+        src, src_mask, tgt_in, tgt = self._arrays(batch)
+        logits = model(src, tgt_in, src_mask)
+        correct = ((logits.data.argmax(-1) == tgt) | (tgt == self.PAD)).all(axis=1).sum()   # teacher forcing
+        return F.cross_entropy(logits, tgt, ignore_index=self.PAD), {"seq_acc": correct}, len(tgt)
+
+    def evaluate(self, model):
+        result = {}
+        model.eval()  # nn.Dropout follows the module flag, not eval_mode(); train() resets it afterwards
+        with no_grad(), eval_mode():
+            for name, split in (("train", self.train_eval), ("valid", self.task.splits["valid"]),
+                                ("test", self.task.splits["test"])):
+                correct = 0
+                for batch in split.eval_batches(self.cfg.eval_batch_size):
+                    src, src_mask, _, tgt = self._arrays(batch)
+                    pred = model.greedy(src, tgt.shape[1], self.task.sos, src_mask)[0]
+                    correct = correct + ((pred == tgt) | (tgt == self.PAD)).all(axis=1).sum()
+                result[name] = round(float(backend.to_numpy(correct)) / len(split), 5)
+        return result
+
+    def log_extra(self, model):
+        if self.cfg.model != "transformer-seq2seq-coda":
+            return {}
+        src, src_mask, tgt_in, _ = self._arrays(next(_prefix(self.task.splits["valid"], 256).eval_batches(256)))
+        with no_grad(), eval_mode():
+            return {"gate_mean": round(coda.mean_gate(model, lambda: model(src, tgt_in, src_mask)), 4)}
+
+    def plot_examples(self, model, texts):
+        """Encoder attention and, for CoDA, tanh(E), the gate and M of every layer and head with their
+        histograms, on test pairs or --example inputs ("x=85,y=-523,x*y")."""
+        task, index = self.task, {c: i for i, c in enumerate(self.task.in_vocab)}
+        split, examples = task.splits["test"], []
+        for k, text in enumerate(texts):
+            if not text or any(c not in index for c in text):
+                raise UsageError(f"--example {text!r}: use the characters {''.join(task.in_tokens)}")
+            examples.append((f"example{k}", np.array([index[c] for c in text]), None))
+        examples = examples or [(f"test{i}", split.inputs[i], split.lines[i].split(":")[1])
+                                for i in _plot_sample(len(split))]
+        longest = max(int(s.targets.lengths.max()) for s in task.splits.values())
+        pictures = []
+        for name, src, target in examples:
+            tokens = [task.in_vocab[i] for i in src]
+            title = f"mlu / {self.cfg.model}: {''.join(tokens)}" + (f" (target {target})" if target else "")
+            pictures += viz.seq2seq_pictures(model, backend.to_device(src[None], self.cfg.device), longest, task.sos,
+                                             tokens, title, name, task.out_vocab)
+        return pictures
+
+
+FAMILIES = [ClassificationFamily, RetrievalFamily, Seq2SeqFamily, SortFamily, PairwiseSetFamily, MLUFamily]
 
 
 def family_of(task):
@@ -685,9 +954,10 @@ def _bool(text):
     return text.lower() in ("true", "1")
 
 
-def _parse_value(key, text, task):
-    """--set values take the type of the field they override."""
-    model_config = family_of(task).config(task, family_of(task).models[0], "cpu").model_config
+def _parse_value(key, text, task, model=None):
+    """--set values take the type of the field they override (in the model's own config when it is known)."""
+    fam = family_of(task)
+    model_config = fam.config(task, model if model in fam.models else fam.models[0], "cpu").model_config
     field_types = {f.name: f.type for f in dataclasses.fields(model_config)}
     field_types.update({f.name: f.type for f in dataclasses.fields(RunConfig)})
     kind = field_types.get(key)
@@ -757,7 +1027,7 @@ def train(cfg, out_dir, resume=False, progress=True):
     fam = family_of(cfg.task)(cfg)
     fam.load_task()
     model = fam.build_model().to(cfg.device)
-    opt = optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt = fam.optimizer(model.parameters())
     step, train_time, history = 0, 0.0, []
     best = {"metric": None, "metrics": {}, "step": None}
 
@@ -872,22 +1142,58 @@ def report(paths):
     print("\n".join(curves))
 
 
-def analyze(out_dir, device="cpu"):
-    """The family's analysis of the checkpoint in out_dir (e.g. the CRT value-score table, paper Fig. 5)."""
-    ckpt = load_checkpoint(os.path.join(out_dir, "checkpoint.pkl"))
+def _load_run(out_dir, device):
+    """The family (its task loaded) and the trained model of the checkpoint in out_dir, on ``device``."""
+    if not os.path.isdir(out_dir):
+        raise UsageError(f"no run directory {out_dir}")
+    path = os.path.join(out_dir, "checkpoint.pkl")
+    if not os.path.exists(path):
+        raise UsageError(f"{out_dir} holds no checkpoint.pkl (is it a run directory? train there first)")
+    ckpt = load_checkpoint(path)
     saved = dict(ckpt["config"], device=device)
     cfg = make_config(saved.pop("task"), saved.pop("model"), saved.pop("preset"), **saved.pop("model_config"), **saved)
     fam = family_of(cfg.task)(cfg)
     fam.load_task()
     model = fam.build_model()
-    model.load_state_dict(ckpt["model"])
-    return fam.analyze(model.to(device))
+    try:
+        model.load_state_dict(ckpt["model"])
+    except ValueError as e:
+        raise UsageError(f"checkpoint {path} does not fit the model: {e}") from None
+    return fam, model.to(device)
+
+
+def analyze(out_dir, device="cpu"):
+    """The family's analysis of the checkpoint in out_dir (e.g. the CRT value-score table, paper Fig. 5)."""
+    fam, model = _load_run(out_dir, device)
+    return fam.analyze(model)
+
+
+PLOT_EXAMPLES = 3   # test examples --plot shows, drawn with a fixed seed: the same ones for every run of a task
+
+
+def _plot_sample(n):
+    return np.sort(np.random.default_rng(0).choice(n, min(PLOT_EXAMPLES, n), replace=False))
+
+
+def plot(out_dir, device="cpu", texts=(), task=None, model=None):
+    """Pictures of what the checkpoint in out_dir learned (minattn/viz.py) as PNGs in out_dir/plots, or as
+    terminal heatmaps without matplotlib; returns the paths written. ``texts``: inputs to show instead of
+    the test examples; ``task``/``model``, when given, must be the checkpoint's."""
+    fam, net = _load_run(out_dir, device)
+    for flag, given, saved in (("--task", task, fam.cfg.task), ("--model", model, fam.cfg.model)):
+        if given is not None and given != saved:
+            raise UsageError(f"{out_dir} holds a {fam.cfg.task} / {fam.cfg.model} checkpoint, not {flag} {given}")
+    paths = viz.write_pictures(fam.plot_examples(net, list(texts)), os.path.join(out_dir, "plots"))
+    for path in paths:
+        print(f"wrote {path}")
+    return paths
 
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--task", default="ctl", help="one of: " + ", ".join(t for f in FAMILIES for t in f.tasks))
-    ap.add_argument("--model", default="ndr", help="one of: " + ", ".join(m for f in FAMILIES for m in f.models))
+    # --task and --model default to ctl and ndr for training; None tells --plot that none was given
+    ap.add_argument("--task", help="one of: " + ", ".join(t for f in FAMILIES for t in f.tasks) + " (default ctl)")
+    ap.add_argument("--model", help="one of: " + ", ".join(m for f in FAMILIES for m in f.models) + " (default ndr)")
     ap.add_argument("--split", help="scan: the split, e.g. filler0, length, length_cutoff_26 (see tasks.SCAN_SPLITS)")
     ap.add_argument("--device", default="cpu", help="cpu or gpu (needs CuPy: pip install cupy-cuda12x)")
     ap.add_argument("--preset", default="cpu", help="cpu (default; ~30 min on 2 cores) or paper (the paper's "
@@ -898,13 +1204,21 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=0, help="seed of initialisation, data order and dropout")
     ap.add_argument("--eval-every", type=int, help="evaluate and checkpoint every N steps")
     ap.add_argument("--out", help="run directory (default: runs/TASK-MODEL-PRESET-sSEED)")
-    ap.add_argument("--resume", action="store_true", help="continue the checkpoint in --out exactly")
+    ap.add_argument("--resume", nargs="?", const=True, default=False, metavar="DIR",
+                    help="continue the checkpoint in --out (or DIR) exactly")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override any setting, e.g. --set d_model=64 --set n_steps=10 --set batching=random")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--report", nargs="+", metavar="DIR", help="print a markdown table of finished runs and exit")
     ap.add_argument("--analyze", action="store_true", help="print the analysis of the checkpoint in --out and exit "
                     "(retrieval: the value-score table of paper Fig. 5)")
+    ap.add_argument("--plot", action="store_true", help="draw what the checkpoint in --out learned (attention maps, "
+                    "gates, value scores, relations) into DIR/plots and exit; PNGs need matplotlib (pip install -e "
+                    "'.[plot]'), without it the maps are printed as text")
+    ap.add_argument("--example", action="append", default=[], metavar="TEXT",
+                    help="--plot this input instead of a fixed sample of test examples (repeatable): the task's text, "
+                    "e.g. ctl '101 d a b', lookup '100 t3 t1 .', scan 'jump twice'; object indices for sort, "
+                    "pairwise, set")
     ap.add_argument("--train-size", type=int, help="sort, pairwise, set: training samples drawn from the train "
                     "pool (default: sort 500, pairwise 2015, set 2000)")
     ap.add_argument("--searches", type=int, help="retrieval: ground-truth searches S (default 2)")
@@ -917,6 +1231,10 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     try:
+        if isinstance(args.resume, str):  # --resume DIR: the run directory, as --out DIR
+            if args.out and args.out != args.resume:
+                raise UsageError(f"--resume {args.resume} and --out {args.out} name different run directories")
+            args.out, args.resume = args.resume, True
         if args.report:
             report(args.report)
             return 0
@@ -925,6 +1243,14 @@ def main(argv=None):
                 raise UsageError("--analyze needs --out DIR, a run directory with a checkpoint")
             print(analyze(args.out, args.device))
             return 0
+        if args.plot:
+            if not args.out:
+                raise UsageError("--plot needs --out DIR (or --resume DIR), a run directory with a checkpoint")
+            plot(args.out, args.device, args.example, args.task, args.model)
+            return 0
+        if args.example:
+            raise UsageError("--example goes with --plot")
+        args.task, args.model = args.task or "ctl", args.model or "ndr"
         family_of(args.task)
         if args.device not in ("cpu", "gpu"):
             raise UsageError(f"unknown device {args.device!r}; valid devices: cpu, gpu")
@@ -933,7 +1259,7 @@ def main(argv=None):
             if "=" not in item:
                 raise UsageError(f"--set expects KEY=VALUE, got {item!r}")
             key, value = item.split("=", 1)
-            overrides[key] = _parse_value(key, value, args.task)
+            overrides[key] = _parse_value(key, value, args.task, args.model)
         cfg = make_config(args.task, args.model, args.preset, seed=args.seed, device=args.device, steps=args.steps,
                           batch_size=args.batch_size, lr=args.lr, eval_every=args.eval_every, searches=args.searches,
                           retrievals=args.retrievals, ood=args.ood or None, split=args.split,

@@ -238,8 +238,82 @@ def bench_abstractor(device, repeat):
               f"MFU {flops / t / peak:4.2f}  ({model.num_parameters():,} parameters)")
 
 
+def peak_step_memory(step, device):
+    """Peak bytes of the arrays one call of ``step()`` allocates (activations, the graph, gradients; call it
+    after a first step, so optimizer state exists): tracemalloc on CPU (NumPy reports its buffers to it);
+    on GPU, what CuPy's pool holds after the step, emptied before (freed blocks stay in the pool)."""
+    xp = backend.get_xp(device)
+    if xp is np:
+        import tracemalloc
+        tracemalloc.start()
+        try:
+            step()
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    pool = xp.get_default_memory_pool()
+    before = pool.used_bytes()
+    pool.free_all_blocks()
+    step()
+    _sync(xp)
+    return pool.total_bytes() - before
+
+
+def bench_coda(device, repeat):
+    """CoDA (spec coda.md) next to softmax attention at the same sizes: a training step of the encoder
+    classifier ("transformer" vs "transformer-coda" at the CTL cpu preset: d 128, 4 heads, d_ff 256, 11
+    steps; batch 128 at two lengths) and of the MLU encoder–decoder (cpu preset: 2+2 layers, d 128, 4 heads
+    of 32, batch 128, inputs of 16 characters, targets of 8), with the peak memory of a step. Then the L1
+    distance alone, fused vs its composite, at the MLU encoder's size. Target (issue 7): CoDA ≤ 2× softmax."""
+    from .attention.coda import l1_distance, l1_distance_reference
+    from .models.transformer import (Classifier, CoDASeq2SeqTransformer, EncoderConfig, Seq2SeqConfig,
+                                     Seq2SeqTransformer)
+    xp = backend.get_xp(device)
+    rng = np.random.default_rng(0)
+
+    def measure(model, loss_fn):
+        opt = optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
+        run_rng = backend.RNG(0, device)
+
+        def step():
+            model.set_rng(run_rng)
+            loss = loss_fn()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        step()
+        return timeit(step, xp, repeat, min_time=1.0), peak_step_memory(step, device)
+
+    def row(label, soft, quasi):
+        (ts, ms), (tc, mc) = soft, quasi
+        print(f"        {label:34s} softmax {ts * 1e3:7.1f} ms {ms / 2**20:6.1f} MiB   coda {tc * 1e3:7.1f} ms "
+              f"{mc / 2**20:6.1f} MiB   ratio time {tc / ts:4.2f} memory {mc / ms:4.2f}")
+    print("coda    CoDA vs softmax attention, one training step (ms) and the peak memory of its arrays (MiB):")
+    cfg = EncoderConfig(d_model=128, n_head=4, d_ff=256, n_steps=11, dropout=0.1, embedding_init="kaiming")
+    for T in (8, 32):
+        x, y = xp.asarray(rng.integers(0, 19, (128, T))), xp.asarray(rng.integers(0, 8, 128))
+        lengths = xp.full(128, T)
+        results = [measure(m, lambda m=m: F.cross_entropy(m(x, lengths), y)) for m in
+                   (Classifier(name, 19, 8, cfg).to(device) for name in ("transformer", "transformer-coda"))]
+        row(f"encoder, CTL preset, batch 128×{T}", *results)
+    cfg = Seq2SeqConfig(d_model=128, n_head=4, d_head=32, d_ff=512, n_encoder_layers=2, n_decoder_layers=2,
+                        ln_eps=1e-5, pe_layout="interleaved")
+    src, tgt = xp.asarray(rng.integers(1, 18, (128, 16))), xp.asarray(rng.integers(3, 14, (128, 8)))
+    tgt_in = xp.concatenate([xp.ones((128, 1), dtype=tgt.dtype), tgt[:, :-1]], axis=1)
+    results = [measure(m, lambda m=m: F.cross_entropy(m(src, tgt_in), tgt)) for m in
+               (cls(14, 14, cfg, n_src_tokens=18).to(device) for cls in (Seq2SeqTransformer, CoDASeq2SeqTransformer))]
+    row("MLU encoder–decoder, batch 128", *results)
+    q, k = (Tensor(xp.asarray(rng.standard_normal((128, 4, 16, 32)), dtype=np.float32), requires_grad=True)
+            for _ in range(2))
+    g = xp.ones((128, 4, 16, 16), dtype=np.float32)
+    fused, naive = (timeit(lambda fn=fn: fn(q, k).backward(g), xp, repeat)
+                    for fn in (l1_distance, l1_distance_reference))
+    print(f"        L1 distance (128, 4, 16×16, 32) fwd+bwd: fused {fused * 1e3:6.1f} ms, "
+          f"composite {naive * 1e3:6.1f} ms")
+
+
 SECTIONS = {"engine": bench_engine, "mlp": bench_mlp, "ndr": bench_ndr, "crt": bench_crt,
-            "seq2attn": bench_seq2attn, "abstractor": bench_abstractor}
+            "seq2attn": bench_seq2attn, "abstractor": bench_abstractor, "coda": bench_coda}
 
 
 def main(argv=None):

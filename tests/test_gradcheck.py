@@ -5,6 +5,8 @@ arrays become float64 tensors that require grad; integer arrays stay constants),
 device tensors (and the module) to one output tensor. Inputs keep away from kinks (ReLU at 0, ties
 in max/abs, log/sqrt near 0). Adding a variant = adding a row.
 """
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -13,6 +15,8 @@ from minattn import functional as F
 from minattn.engine import Function, Tensor
 from minattn.gradcheck import GradcheckError, check_backward
 from minattn.attention.additive import AdditiveAttention
+from minattn.attention.coda import (COMPOSITIONS, CoDAConfig, CoDAttention, PairwiseCoDA, l1_distance,
+                                   l1_distance_reference)
 from minattn.attention.compositional import CompositionalAttention
 from minattn.attention.geometric import GeometricAttention, geometric_attention_weights
 from minattn.attention.multihead import MultiHeadAttention
@@ -25,6 +29,7 @@ from minattn.models.crt import MODELS as CRT_MODELS, CRTConfig, CRTModel, CRTMul
 from minattn.models.seq2attn import Seq2Attn, model_config as seq2attn_config
 from minattn.models.transformer import ARCHITECTURES, Classifier, CopyGateLayer, EncoderConfig, PostLNLayer
 from minattn.models.transformer import DecoderLayer, Seq2SeqConfig, Seq2SeqTransformer, keras_attention
+from minattn.models.transformer import CoDASeq2SeqTransformer
 from minattn.ops import Softmax
 
 
@@ -320,6 +325,60 @@ MODULES += [
         ("b", {}), ("d_multi_attention", dict(architecture="d")),
         ("e_multi_attention_code_form", dict(architecture="e", decoder_form="code")),
     ]
+]
+
+
+# CoDA (spec coda.md §3.1): the fused L1 distance (in one block, and in blocks of query rows and of
+# (sample, head) slabs) and its composite; the Transformer form with every mask, gate, centring, temperature
+# and Table 9 composition; the pairwise form; the CoDA encoder–decoder. Random float64 inputs make ties
+# q_ic = k_jc (the kink of |·|) improbable; the pairwise rows never compare a sequence with itself.
+CODA_ALL_MASKED = np.array([[1, 1, 1, 1, 0], [0, 0, 0, 0, 0]], bool)   # the second sample sees no key at all
+
+
+def _coda(**options):
+    return lambda rng: CoDAttention(8, 2, rng=rng, **options)
+
+
+@dataclasses.dataclass
+class _CoDASeq2SeqConfig(CoDAConfig, Seq2SeqConfig):
+    pass
+
+
+OPS += [
+    ("l1_distance", l1_distance, inputs(N(2, 3, 5, 4), N(2, 3, 6, 4))),
+    ("l1_distance_query_blocks", lambda q, k: l1_distance(q, k, block=9), inputs(N(2, 5, 4), N(2, 3, 4))),
+    ("l1_distance_slab_blocks", lambda q, k: l1_distance(q, k, block=40), inputs(N(5, 2, 4), N(5, 3, 4))),
+    ("l1_distance_reference", l1_distance_reference, inputs(N(2, 5, 4), N(2, 6, 4))),
+]
+MODULES += [
+    ("CoDA_masked", lambda m, x, k: m(x, key_mask=k), _coda(), inputs(N(2, 5, 8), const(KEY_MASK))),
+    ("CoDA_all_keys_masked_centered", lambda m, x, k: m(x, key_mask=k), _coda(gate="centered", center_e=True),
+     inputs(N(2, 5, 8), const(CODA_ALL_MASKED))),
+    ("CoDA_causal_cross", lambda m, x, c: m(x, context=c, causal=True), _coda(), inputs(N(2, 3, 8), N(2, 3, 8))),
+    ("CoDA_cross_masked_row_mean", lambda m, x, c, k: m(x, context=c, key_mask=k),
+     _coda(gate="centered", center_e=True, row_mean=True), inputs(N(2, 3, 8), N(2, 5, 8), const(KEY_MASK))),
+    ("CoDA_centered_matrix_mean_masked", lambda m, x, k: m(x, key_mask=k), _coda(gate="centered", center_e=True),
+     inputs(N(2, 5, 8), const(KEY_MASK))),
+    ("CoDA_centered_row_mean_causal", lambda m, x: m(x, causal=True), _coda(gate="centered", row_mean=True),
+     inputs(N(2, 4, 8))),
+    ("CoDA_unscaled_temperatures_bias", lambda m, x, k: m(x, key_mask=k),
+     _coda(alpha=0.5, beta=0.3, scale=False, bias=True, d_head=3), inputs(N(2, 5, 8), const(KEY_MASK))),
+    ("CoDA_kv_step", lambda m, x, c, k: m(x, kv=m.kv(c), key_mask=k), _coda(), inputs(N(2, 1, 8), N(2, 5, 8),
+                                                                                     const(KEY_MASK))),
+] + [
+    (f"CoDA_composition_{c}", lambda m, x, k: m(x, key_mask=k), _coda(composition=c, gate=g),
+     inputs(N(2, 5, 8), const(KEY_MASK)))
+    for c in COMPOSITIONS if c != "tanh-sigmoid" for g in ("scaled", "centered")
+] + [
+    (f"PairwiseCoDA_{name}", lambda m, a, b, ka, kb: F.concat(list(m(a, b, ka, kb)), axis=1),
+     lambda rng, kw=kw: PairwiseCoDA(6, 4, rng=rng, **kw),
+     inputs(N(2, 5, 6), N(2, 4, 6), const(ABS_MASK), const(np.array([[1, 1, 0, 0], [1, 1, 1, 1]], bool))))
+    for name, kw in [("scaled", {}), ("shared_centered_temperatures",
+                                       dict(shared=True, gate="centered", center_e=True, alpha=0.7, beta=0.5))]
+] + [
+    ("CoDASeq2SeqTransformer_centered", lambda m, x, t, k: m(x, t, k),
+     lambda rng: CoDASeq2SeqTransformer(7, 6, _CoDASeq2SeqConfig(**ABS, coda_gate="centered", coda_center_e=True),
+                                        d_src=3, seed=1), ABS_SEQ),
 ]
 
 

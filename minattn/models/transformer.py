@@ -22,6 +22,7 @@ import numpy as np
 
 from .. import backend
 from .. import functional as F
+from ..attention.coda import CoDAttention
 from ..attention.compositional import CompositionalAttention
 from ..attention.geometric import GeometricAttention
 from ..attention.multihead import MultiHeadAttention
@@ -56,6 +57,8 @@ def _attention(kind, cfg, rng):
     if kind in ("geometric", "geometric-normalized"):
         return GeometricAttention(cfg.d_model, cfg.n_head, cfg.attention_dropout,
                                   normalize=kind == "geometric-normalized", rng=rng)
+    if kind == "coda":   # as the softmax kind: no attention dropout; options from coda_* fields if cfg has them
+        return CoDAttention.from_config(cfg, cfg.d_model, cfg.n_head, rng=rng)
     if kind == "compositional":
         return CompositionalAttention(cfg.d_model, cfg.n_search or cfg.n_head, cfg.n_retrieval or cfg.n_head, rng=rng)
     raise ValueError(f"unknown attention kind {kind!r}")
@@ -118,6 +121,7 @@ ARCHITECTURES = {
     "transformer-geom": ("postln", "geometric-normalized", False),
     "ndr": ("gate", "geometric", False),
     "transformer-compositional": ("postln", "compositional", True),
+    "transformer-coda": ("postln", "coda", True),
 }
 
 
@@ -385,3 +389,15 @@ class Seq2SeqTransformer(Module):
             tok = logits[-1].data.argmax(-1)                  # (B, 1): the next input token
             tokens.append(tok)
         return xp.concatenate(tokens, axis=1), F.concat(logits, axis=1)
+
+
+class CoDASeq2SeqTransformer(Seq2SeqTransformer):
+    """``transformer-seq2seq-coda`` (spec coda.md §6): encoder self-, decoder causal self- and cross-attention
+    are all CoDA (attention/coda.py) with the same projections as ``keras_attention``; CoDA's options come from
+    the config's ``coda_*`` fields. Decoder roles take Mean(·) per query row, so that centring never lets a
+    position see later ones (and greedy decoding equals teacher forcing)."""
+
+    def attention(self, role, rng):
+        cfg = self.cfg
+        return CoDAttention.from_config(cfg, cfg.d_model, cfg.n_head, cfg.attention_dropout, rng,
+                                        d_head=cfg.d_head or cfg.d_model, bias=True, row_mean=role != "encoder")

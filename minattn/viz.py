@@ -1,0 +1,526 @@
+"""Pictures of what a trained model does: attention maps, gates, value scores, relation matrices.
+
+Two halves. *Collectors* run one example through a model (evaluation behaviour, no graph) and return
+``Picture`` objects holding host NumPy arrays: ``encoder_pictures`` (the NDR paper's encoders: copy-gate
+activity and every head's attention at every step, its Figs. 2–3), ``retrieval_pictures`` (the CRT:
+search maps and the value scores of Compositional Attention's Figs. 4–5), ``seq2attn_pictures`` (the
+attention trace, one-hot at inference, and the Gumbel temperature per step), ``seq2seq_pictures`` (the
+encoder–decoders of sorting and MLU: encoder attention, the Abstractor's relation matrices and its
+symbols' attention) and ``relational_pictures`` (the simplified Abstractor's relation matrices). Where the
+attention is CoDA, its factors tanh(E) and gate(N) and their product M come as heatmaps and histograms
+(``_coda_picture``). *Renderers* draw a Picture as a
+PNG (``save_png``; matplotlib) or as Unicode shading for a terminal (``render_text``); ``write_pictures``
+picks one by whether matplotlib is installed.
+
+    pictures = viz.encoder_pictures(model, ids, lengths, tokens, "ctl / ndr: 101 d a b")
+    viz.write_pictures(pictures, "runs/ctl-ndr-cpu-s0/plots")   # PNGs, or text without matplotlib
+
+``train.py --plot`` does this for a checkpoint. Nothing in the library imports this file, and matplotlib is
+imported only inside the PNG renderer, so it stays an optional extra (``pip install -e .[plot]``).
+Collectors move data to the host explicitly, with one ``backend.to_numpy`` per picture (plus one for a
+prediction shown in a title), so they run unchanged on a GPU.
+"""
+import contextlib
+import math
+import os
+import shutil
+import sys
+import textwrap
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import backend
+from .attention.coda import CoDAttention
+from .attention.compositional import CompositionalAttention
+from .engine import Tensor, eval_mode, no_grad
+from .models import crt
+
+DPI = 100
+CELL = 0.25          # inches per heatmap cell (half that for maps over 32 tokens)
+SHADES = "·░▒▓█"     # terminal heatmaps: low to high
+PNG_HINT = "for PNGs install matplotlib: pip install -e '.[plot]'"
+
+
+@dataclass
+class Panel:
+    """One plot of a picture: a heatmap (2-D ``values``), bars (1-D, one label each in ``rows``) or a
+    histogram (any shape, flattened). ``vmin``/``vmax`` fix the colour range, or a histogram's (None: from
+    the data)."""
+    values: np.ndarray
+    title: str
+    kind: str = "heatmap"
+    rows: list = field(default_factory=list)   # heatmap: row labels (queries, steps); bars: bar labels
+    cols: list = field(default_factory=list)   # heatmap: column labels (keys, input tokens)
+    vmin: float = None
+    vmax: float = None
+    xlabel: str = ""
+    ylabel: str = ""
+
+
+@dataclass
+class Picture:
+    """A titled grid of panels, saved as ``name``.png."""
+    name: str
+    title: str
+    panels: list
+    ncols: int = 0       # panels per row; 0: about a square grid
+
+    def grid(self):
+        ncols = self.ncols or math.ceil(math.sqrt(len(self.panels)))
+        return math.ceil(len(self.panels) / ncols), ncols
+
+
+# ==========================================================================================================
+# Collectors: model + one example → pictures (host arrays)
+# ==========================================================================================================
+
+@contextlib.contextmanager
+def _inference(model):
+    """Evaluation behaviour (no dropout or gate dropout, argmax attention) without recording a graph.
+    The model's train/eval flag is restored afterwards: plotting must not change a model's state."""
+    was_training = model.training
+    model.eval()
+    try:
+        with no_grad(), eval_mode():
+            yield
+    finally:
+        model.train(was_training)
+
+
+@contextlib.contextmanager
+def _recording(modules):
+    """Attention modules keep ``last_weights`` while ``record`` is on (see nn.Module.record)."""
+    for m in modules:
+        m.record = True
+    try:
+        yield
+    finally:
+        for m in modules:
+            m.record = False
+
+
+@contextlib.contextmanager
+def _after_each_call(module, hook):
+    """Call ``hook(*args)`` after every call of this module instance. For what a model neither returns nor
+    keeps per call (seq2attn's τ; CoDA's gate in a layer applied at every step), the instance's
+    forward is wrapped for the duration and restored on exit: the model's code stays untouched."""
+    forward = module.forward
+
+    def wrapped(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        hook(*args)
+        return out
+    module.forward = wrapped
+    try:
+        yield
+    finally:
+        del module.forward            # the class's method again
+
+
+def _check_tokens(tokens, n, what):
+    if len(tokens) != n:
+        raise ValueError(f"{len(tokens)} token labels for {n} {what}")
+
+
+def _map(values, title, rows, cols, vmin=0.0, vmax=1.0):
+    """An attention map: queries are rows, keys are columns."""
+    return Panel(values, title, rows=rows, cols=cols, vmin=vmin, vmax=vmax, xlabel="key", ylabel="query")
+
+
+# colour range of σ_rel(R) by activation; "linear" is unbounded (None: each panel symmetric about 0)
+_RELATION_RANGE = {"softmax": (0, 1), "sigmoid": (0, 1), "tanh": (-1, 1), "linear": (None, None)}
+
+
+def _layer_grid(maps, rows, cols, unit, vmin=0.0, vmax=1.0):
+    """Panels for maps (L, H, T, S): a row of panels per layer, one panel per head (or relation). With
+    vmin = vmax = None (unbounded relations) each panel's scale is symmetric about 0: the sign matters."""
+    def bounds(m):
+        top = float(np.abs(m).max()) or 1.0
+        return (vmin, vmax) if vmin is not None else (-top, top)
+    return [_map(m, f"layer {i + 1}, {unit} {h}", rows, cols, *bounds(m))
+            for i, heads in enumerate(maps) for h, m in enumerate(heads)]
+
+
+def _coda_ranges(attn):
+    """Names and colour ranges of CoDA's factors: M = F_X(E) ⊙ gate(N) (attention/coda.py)."""
+    fx, fn = attn.composition.split("-")
+    gate = {"scaled": f"2·{fn}(N)" if fn == "sigmoid" else f"{fn}(N)", "centered": f"{fn}(N − mean N)"}[attn.gate]
+    return [(f"{fx}(E)", (-1, 1) if fx == "tanh" else (0, 1)),
+            (gate, (0, 1) if fn == "sigmoid" else (-1, 1)), ("M", (-1, 1))]
+
+
+def _coda_picture(attn, M, g, rows, cols, title, name):
+    """tanh(E), the gate and M of every head (a row each), then their histograms over all heads, for one
+    call of a CoDAttention. M and g are device arrays (H, T, S): one transfer brings both to the host."""
+    M, g = backend.to_numpy(backend.array_module(M).stack([M, g]))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        e = np.where(g != 0, M / g, np.nan)   # F_X(E) = M / gate: exact wherever the gate did not underflow
+    factors = list(zip(_coda_ranges(attn), (e, g, M)))
+    panels = [_map(v[h], f"head {h}: {label}", rows, cols, lo, hi)
+              for h in range(M.shape[0]) for (label, (lo, hi)), v in factors]
+    panels += [Panel(v, f"{label}, all heads", kind="hist", vmin=lo, vmax=hi, xlabel=label, ylabel="count")
+               for (label, (lo, hi)), v in factors]
+    return Picture(name, title, panels, ncols=3)
+
+
+def encoder_pictures(model, ids, lengths, tokens, title, name="example", classes=None):
+    """One sequence through a ``Classifier`` (models/transformer.py): for the gated models (NDR and the
+    "+ gate" baselines) the mean copy gate of every column at every step (NDR paper Fig. 2: which columns
+    update at which step); for every model one picture per head with its attention map at every step
+    (Fig. 3: who reads whom). ids (1, T) and lengths (1,) on the model's device; ``tokens`` labels the
+    T positions ([SOS, x…, EOS]); ``classes``, when given, adds the predicted class to the titles."""
+    _check_tokens(tokens, ids.shape[1], "positions")
+    attn, trace, coda_calls = model.encoder.layer.attn, [], []
+    coda = isinstance(attn, CoDAttention)
+    # CoDA keeps its gate of the last call only: take it after every step
+    hook = _after_each_call(attn, lambda *_: coda_calls.append((attn.last_weights, attn.last_gate))) if coda \
+        else contextlib.nullcontext()
+    with _inference(model), hook:
+        logits = model(ids[:1], lengths[:1], trace=trace)
+    if classes is not None:
+        title += f" → predicted {classes[int(backend.to_numpy(logits.data.argmax(-1))[0])]}"
+    xp = backend.array_module(ids)
+    steps = [f"step {k + 1}" for k in range(len(trace))]
+    pictures = []
+    if trace[0][1] is not None:   # a copy gate per column and channel: its mean says "this column updates"
+        gates = backend.to_numpy(xp.stack([g.data[0].mean(axis=-1) for _, g in trace]))   # (steps, T)
+        pictures.append(Picture(f"{name}-gates", f"{title}\ncopy-gate activity", [
+            Panel(gates, "mean gate per column", rows=steps, cols=tokens, vmin=0, vmax=1, xlabel="column",
+                  ylabel="step")]))
+    # compositional attention as the encoder's attention: its "heads" are searches
+    unit = "search" if isinstance(attn, CompositionalAttention) else "head"
+    lo = -1 if coda else 0            # CoDA's quasi-attention M lies in (−1, 1)
+    for h in range(trace[0][0].shape[1]):
+        maps = backend.to_numpy(xp.stack([A.data[0, h] for A, _ in trace]))                  # (steps, T, T)
+        pictures.append(Picture(f"{name}-attention-{unit}{h}", f"{title}\nattention of {unit} {h}", [
+            _map(m, f"step {k + 1}, {unit} {h}", tokens, tokens, lo) for k, m in enumerate(maps)]))
+    pictures += [_coda_picture(attn, M.data[0], g.data[0], tokens, tokens, f"{title}\nCoDA at step {k + 1}",
+                               f"{name}-coda-step{k + 1}") for k, (M, g) in enumerate(coda_calls)]
+    return pictures
+
+
+def retrieval_pictures(model, x, prefs, title, name="retrieval"):
+    """The Contextual Retrieval Task (models/crt.py) on a batch x (B, N, in_dim) with the task's retrieval
+    choices prefs (B, N, S_gt) (host): the search maps of the first sample (which object each search
+    finds), and for the compositional models the value scores over all samples: the mean retrieval choice
+    of each search (Compositional Attention Fig. 4) and per ground-truth retrieval (Fig. 5: a model that
+    learned the task gives each (search, retrieval) of the task its own (search, retrieval))."""
+    with _inference(model):
+        _, A, c = model(x, return_weights=True)
+    B, S, N, _ = A.shape
+    prefs = np.asarray(prefs)
+    objects = [f"o{i}" for i in range(N)]
+    choices = [f"o{i} r*={','.join(map(str, prefs[0, i]))}" for i in range(N)]
+    unit = "head" if c is None else "search"
+    maps = backend.to_numpy(A.data[0])                                                          # (S, N, N)
+    pictures = [Picture(f"{name}-search-maps", f"{title}\nsearch maps of sample 0 (the diagonal is masked)", [
+        Panel(maps[s], f"{unit} {s}", rows=choices, cols=objects, vmin=0, vmax=1, xlabel="found object",
+              ylabel="object (its retrieval choices)") for s in range(S)])]
+    if c is None:
+        return pictures
+    scores = backend.to_numpy(c.data)                                                           # (B, N, S, R)
+    R = scores.shape[-1]
+    per_search = scores.reshape(-1, S, R).mean(axis=0)
+    M = crt.specialisation(scores, prefs, model.cfg.retrievals)                      # (S_gt, R_gt, S, R)
+    S_gt, R_gt = M.shape[:2]
+    pictures.append(Picture(f"{name}-value-scores-per-search", f"{title}\nmean value scores on {B} samples", [
+        Panel(per_search, "mean retrieval choice per search", rows=[f"search {s}" for s in range(S)],
+              cols=[f"retrieval {r}" for r in range(R)], vmin=0, vmax=1, xlabel="retrieval", ylabel="search")]))
+    pictures.append(Picture(f"{name}-value-scores-per-ground-truth",
+                            f"{title}\nmean value scores per ground-truth retrieval ({B} samples)", [
+        Panel(M.reshape(S_gt * R_gt, S * R), "mean value score",
+              rows=[f"task search {g}, retrieval {r}" for g in range(S_gt) for r in range(R_gt)],
+              cols=[f"s{s} r{r}" for s in range(S) for r in range(R)], vmin=0, vmax=1,
+              xlabel="model search s, retrieval r", ylabel="ground truth")]))
+    return pictures
+
+
+def seq2attn_pictures(model, src, src_lengths, max_len, in_tokens, out_vocab, title, name="example"):
+    """Greedy decoding of one sequence by a ``Seq2Attn`` (models/seq2attn.py): the attention trace (output
+    step × input token; one-hot for seq2attn at inference, soft for the baseline), with rows labelled by
+    the predicted tokens up to <eos>, and — with Gumbel attention — the temperature τ of every step.
+    src (1, n) ids and src_lengths (1,); ``in_tokens`` labels the n inputs; ``out_vocab`` maps output ids
+    to text."""
+    _check_tokens(in_tokens, src.shape[1], "inputs")
+    attention, taus = model.attention, []
+    gumbel = attention.activation != "softmax"
+
+    def record_tau(query, *_):
+        # At inference the attention is an argmax and never computes τ, so it is computed here, per step.
+        tau = attention.tau(query)    # a float ("fixed"), (1,) ("latent") or (B, 1) ("conditioned")
+        xp = backend.array_module(query.data)
+        taus.append(tau.data.reshape(-1)[:1] if isinstance(tau, Tensor) else xp.full((1,), tau, query.dtype))
+    with _inference(model), (_after_each_call(attention, record_tau) if gumbel else contextlib.nullcontext()):
+        ids, weights = model.greedy(src[:1], src_lengths[:1], max_len, return_attention=True)
+    xp = backend.array_module(src)
+    out = [out_vocab[i] for i in backend.to_numpy(ids[0])]
+    steps = out.index("<eos>") + 1 if "<eos>" in out else len(out)       # nothing after <eos> is read
+    columns = [weights[0]] + ([xp.concatenate(taus)[:, None].astype(weights.dtype)] if gumbel else [])
+    data = backend.to_numpy(xp.concatenate(columns, axis=1))[:steps]     # attention and τ in one transfer
+    rows = [f"{t + 1} {tok}" for t, tok in enumerate(out[:steps])]
+    panels = [Panel(data[:, :len(in_tokens)], "attention (output step × input)", rows=rows, cols=in_tokens,
+                    vmin=0, vmax=1, xlabel="input token", ylabel="output step")]
+    if gumbel:
+        panels.append(Panel(data[:, -1], f"temperature τ per step ({model.attention.temperature})", kind="bars",
+                            rows=rows, xlabel="τ"))
+    return [Picture(f"{name}-attention", f"{title}\n→ {' '.join(out[:steps])}", panels, ncols=len(panels))]
+
+
+def seq2seq_pictures(model, src, n_steps, start, tokens, title, name="example", out_vocab=None):
+    """Greedy decoding of one sequence by an encoder–decoder of models/transformer.py or abstractor.py
+    (sorting; MLU): the encoder's self-attention of every layer and head — with CoDA, also tanh(E), the
+    gate and M of each layer, and their histograms — and for an Abstractor its relation matrices and its
+    symbols' attention (``_abstractor_pictures``). src (1, T, d) vectors or (1, T) ids on the model's
+    device; ``tokens`` labels the T inputs; ``out_vocab`` names output ids in the title (default: the ids)."""
+    _check_tokens(tokens, src.shape[1], "inputs")
+    abstractors = getattr(model, "abstractors", [])
+    encoder = [layer.attn for layer in model.encoder]
+    watched = encoder + [m for a in abstractors for layer in a.layers for m in (layer.rca, layer.self_attn)
+               if m is not None]
+    with _inference(model), _recording(watched):
+        pred, _ = model.greedy(src[:1], n_steps, start)
+    out = [str(i) if out_vocab is None else out_vocab[i] for i in backend.to_numpy(pred[0])]
+    title += f" → predicted {' '.join(out[:out.index('<eos>') + 1] if '<eos>' in out else out)}"
+    pictures = []
+    if encoder:
+        coda = isinstance(encoder[0], CoDAttention)
+        pictures.append(Picture(f"{name}-encoder-attention", f"{title}\nencoder self-attention", _layer_grid(
+            _stacked(encoder), tokens, tokens, "head", -1 if coda else 0), ncols=model.cfg.n_head))
+        pictures += [_coda_picture(m, m.last_weights.data[0], m.last_gate.data[0], tokens, tokens,
+                                   f"{title}\nCoDA in encoder layer {i + 1}", f"{name}-coda-layer{i + 1}")
+                     for i, m in enumerate(encoder) if coda]
+    for k, a in enumerate(abstractors):
+        # the second Abstractor of architecture (e) relates the first one's abstract states, not objects
+        objects = tokens if k == 0 else [f"a{k}[{i}]" for i in range(len(tokens))]
+        pictures += _abstractor_pictures(a, objects, f"{title}\nAbstractor {k}", f"{name}-abstractor{k}")
+    return pictures
+
+
+def _stacked(modules):
+    """The recorded weights of the first sample of every module, on the host: (L, H, T, S)."""
+    w = [m.last_weights.data[0] for m in modules]
+    return backend.to_numpy(backend.array_module(w[0]).stack(w))
+
+
+def _abstractor_pictures(abstractor, objects, title, name):
+    """An Abstractor's relation matrices σ_rel(R) of every layer and head (which objects it relates: RCA
+    compares objects, its values are symbols) — or, for the ablation, the symbols' cross-attention to the
+    objects — and the symbols' self-attention, from the weights its layers recorded."""
+    layers, n_head = abstractor.layers, abstractor.cfg.n_head
+    symbols = [f"s{i}" for i in range(len(objects))]
+    if layers[0].ablation:  # standard cross-attention: symbols (queries) read objects (keys)
+        panels = _layer_grid(_stacked([layer.rca for layer in layers]), symbols, objects, "head")
+        what = "symbols' cross-attention to the objects (ablation)"
+    else:
+        act = layers[0].rca.activation
+        relations = _stacked([layer.rca for layer in layers])
+        panels = _layer_grid(relations, objects, objects, "head", *_RELATION_RANGE[act])
+        what = f"relation matrices {act}(R)"
+    pictures = [Picture(f"{name}-relations", f"{title}: {what}", panels, ncols=n_head)]
+    if layers[0].self_attn is not None:
+        pictures.append(Picture(f"{name}-symbol-attention", f"{title}: symbols' self-attention", _layer_grid(
+            _stacked([layer.self_attn for layer in layers]), symbols, symbols, "head"), ncols=n_head))
+    return pictures
+
+
+def relational_pictures(model, x, tokens, title, name="example", classes=None):
+    """One sample through a ``RelationalClassifier`` (models/abstractor.py; pairwise order, SET): the
+    relation matrices σ_rel(R^r) of every layer and relation r (which pairs of objects it relates, and
+    how). x (1, m, d_in) on the model's device; ``tokens`` labels the m objects; ``classes`` names the
+    outputs (one logit: classes[logit > 0]; several: classes[argmax])."""
+    _check_tokens(tokens, x.shape[1], "objects")
+    rcas = [layer.rca for layer in model.layers]
+    with _inference(model), _recording(rcas):
+        logits = model(x[:1])
+    if classes is not None:
+        z = logits.data[0]                                                 # (n_out,)
+        pick = (z > 0).astype(np.int64)[0] if z.shape[0] == 1 else z.argmax()
+        title += f" → predicted {classes[int(backend.to_numpy(pick))]}"
+    act = rcas[0].activation
+    panels = _layer_grid(_stacked(rcas), tokens, tokens, "relation", *_RELATION_RANGE[act])   # (L, d_r) maps
+    return [Picture(f"{name}-relations", f"{title}\nrelation matrices {act}(R)", panels, ncols=rcas[0].n_relations)]
+
+
+# ==========================================================================================================
+# Renderers
+# ==========================================================================================================
+
+def _value_range(values, vmin, vmax):
+    """(low, high) of the colour scale: the given bounds, else the data's; signed data gets a scale
+    symmetric about 0 so that 0 is the neutral colour."""
+    finite = values[np.isfinite(values)]
+    if vmin is not None and vmax is not None:
+        return vmin, vmax
+    if not finite.size:
+        return 0.0, 1.0
+    lo, hi = float(finite.min()), float(finite.max())
+    if lo < 0:
+        m = max(-lo, hi)
+        return -m, m
+    return lo, hi if hi > lo else lo + 1
+
+
+def _quarter(inches):
+    """Rounded up to a quarter inch: at 100 DPI a whole number of pixels, exact in binary, so the PNG's size
+    is figure_size's without rounding for matplotlib and us to disagree about."""
+    return math.ceil(inches * 4) / 4
+
+
+def _panel_inches(panel):
+    """(width, height) of a panel in inches: room for its cells, tick labels, title and colour bar."""
+    if panel.kind == "heatmap":
+        rows, cols = panel.values.shape
+        cell = CELL if max(rows, cols) <= 32 else CELL / 2
+        return _quarter(2.5 + cell * cols), _quarter(1.75 + cell * rows)
+    if panel.kind == "bars":
+        return 3.0, 1.75 + CELL * len(panel.values)      # as tall as a heatmap with a row per bar
+    return 4.0, 3.0
+
+
+def _title_lines(picture, width_inches):
+    return [line for part in picture.title.split("\n") for line in textwrap.wrap(part, int(width_inches * 11)) or [""]]
+
+
+def figure_inches(picture):
+    """The picture's size in inches: a uniform grid of its largest panel, plus its wrapped title."""
+    nrows, ncols = picture.grid()
+    sizes = [_panel_inches(p) for p in picture.panels]
+    width = ncols * max(w for w, _ in sizes)
+    return width, nrows * max(h for _, h in sizes) + 0.25 * (len(_title_lines(picture, width)) + 1)
+
+
+def figure_size(picture):
+    """The PNG's size in pixels (width, height)."""
+    w, h = figure_inches(picture)
+    return round(w * DPI), round(h * DPI)
+
+
+def _histogram(panel, bins):
+    """Arguments of np.histogram / Axes.hist: the finite values, bins, and the panel's range if it has one."""
+    known = panel.vmin is not None and panel.vmax is not None
+    return panel.values[np.isfinite(panel.values)], bins, (panel.vmin, panel.vmax) if known else None
+
+
+def _draw_heatmap(fig, ax, panel):
+    lo, hi = _value_range(panel.values, panel.vmin, panel.vmax)
+    im = ax.imshow(panel.values, cmap="RdBu_r" if lo < 0 else "viridis", vmin=lo, vmax=hi, aspect="auto",
+                   interpolation="nearest")
+    small = max(panel.values.shape) > 32
+    ax.set_xticks(range(len(panel.cols)), panel.cols, rotation=90, fontsize=5 if small else 7)
+    ax.set_yticks(range(len(panel.rows)), panel.rows, fontsize=5 if small else 7)
+    fig.colorbar(im, ax=ax, fraction=0.05, pad=0.02)
+
+
+def _draw_bars(ax, panel):
+    ax.barh(range(len(panel.values)), panel.values, color="tab:blue")
+    ax.set_yticks(range(len(panel.rows)), panel.rows, fontsize=7)
+    ax.invert_yaxis()                 # the first step on top, as in the heatmap beside it
+
+
+def save_png(picture, path):
+    """Draw the picture with matplotlib (its object API: no pyplot, no GUI backend, safe headless) and
+    write it to ``path``. Raises ImportError without matplotlib."""
+    from matplotlib.figure import Figure   # lazy: matplotlib is an optional extra
+
+    fig = Figure(figsize=figure_inches(picture), dpi=DPI, layout="constrained")
+    nrows, ncols = picture.grid()
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    for ax, panel in zip(axes, picture.panels):
+        if panel.kind == "heatmap":
+            _draw_heatmap(fig, ax, panel)
+        elif panel.kind == "bars":
+            _draw_bars(ax, panel)
+        else:
+            ax.hist(*_histogram(panel, 30), color="tab:blue")
+        ax.set_title(panel.title, fontsize=8)
+        ax.set_xlabel(panel.xlabel, fontsize=7)
+        ax.set_ylabel(panel.ylabel, fontsize=7)
+    for ax in axes[len(picture.panels):]:
+        ax.set_visible(False)
+    fig.suptitle("\n".join(_title_lines(picture, figure_inches(picture)[0])), fontsize=9)
+    fig.savefig(path, dpi=DPI)
+    return path
+
+
+def _shade(v, lo, hi):
+    if not np.isfinite(v):
+        return " "
+    t = 0.0 if hi == lo else min(max((v - lo) / (hi - lo), 0.0), 1.0)
+    return SHADES[round(t * (len(SHADES) - 1))]
+
+
+def text_heatmap(values, rows, cols, vmin=None, vmax=None, label_height=6):
+    """A heatmap as text: a two-character cell per value shaded with ``SHADES``, row labels on the left,
+    column labels written downwards above their column (cut to ``label_height`` characters), and the
+    scale below. NaN cells are blank."""
+    values = np.asarray(values, dtype=float)
+    lo, hi = _value_range(values, vmin, vmax)
+    pad = " " * (max(map(len, rows), default=0) + 1)
+    height = min(max(map(len, cols), default=0), label_height)
+    lines = [pad + "".join(f"{c[i] if i < len(c) else ' '} " for c in cols).rstrip() for i in range(height)]
+    lines += [f"{r:>{len(pad) - 1}} " + "".join(2 * _shade(v, lo, hi) for v in row) for r, row in zip(rows, values)]
+    lines.append(f"{pad}{SHADES[0]} {lo:.3g} … {SHADES[-1]} {hi:.3g}")
+    return "\n".join(lines)
+
+
+def text_bars(values, labels, width=30):
+    """Horizontal bars, longest = ``width`` characters, each with its value."""
+    values = np.asarray(values, dtype=float)
+    top = float(np.abs(values).max()) if values.size else 0.0
+    pad = max(map(len, labels), default=0)
+    return "\n".join(f"{label:>{pad}} {'█' * round(width * abs(v) / top if top else 0):<{width}} {v:.3g}"
+                     for label, v in zip(labels, values))
+
+
+def _text_panel(p):
+    """A panel as a list of text lines: its title, then shading (heatmap) or bars."""
+    if p.kind == "heatmap":
+        body = text_heatmap(p.values, p.rows, p.cols, p.vmin, p.vmax)
+    elif p.kind == "bars":
+        body = text_bars(p.values, p.rows)
+    else:
+        counts, edges = np.histogram(*_histogram(p, 10))
+        body = text_bars(counts, [f"{a:.2f}…{b:.2f}" for a, b in zip(edges[:-1], edges[1:])])
+    return [f"-- {p.title} --"] + body.split("\n")
+
+
+def _side_by_side(blocks, gap):
+    widths = [max(map(len, b)) for b in blocks]
+    return [gap.join((b[i] if i < len(b) else "").ljust(w) for b, w in zip(blocks, widths)).rstrip()
+            for i in range(max(map(len, blocks)))]
+
+
+def render_text(picture, width=None):
+    """The picture for a terminal: its title, then its panels, as many side by side as fit in ``width``
+    characters (default: the terminal's width)."""
+    width = width or shutil.get_terminal_size((120, 24)).columns
+    gap = "   "
+    out, row = [f"== {picture.title.replace(chr(10), ' — ')} =="], []
+    for block in map(_text_panel, picture.panels):
+        if row and sum(max(map(len, b)) + len(gap) for b in row + [block]) - len(gap) > width:
+            out += _side_by_side(row, gap) + [""]
+            row = []
+        row.append(block)
+    return "\n".join(out + _side_by_side(row, gap)) + "\n"
+
+
+def have_matplotlib():
+    try:
+        import matplotlib.figure  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def write_pictures(pictures, out_dir, stream=None):
+    """Save every picture as ``out_dir/NAME.png`` and return the paths; without matplotlib print them as
+    text heatmaps on ``stream`` (default stdout), say how to get PNGs, and return []."""
+    stream = stream or sys.stdout
+    if not have_matplotlib():
+        for p in pictures:
+            print(render_text(p), file=stream)
+        print(f"(matplotlib is not installed, so these are text renderings; {PNG_HINT})", file=stream)
+        return []
+    os.makedirs(out_dir, exist_ok=True)
+    return [save_png(p, os.path.join(out_dir, p.name + ".png")) for p in pictures]
