@@ -189,11 +189,7 @@ class CoDAttention(MultiHeadAttention):
     def forward(self, x, context=None, key_mask=None, causal=False, return_weights=False, kv=None):
         B, T, C = x.shape
         H, dh = self.n_head, self.d_head
-        q = x.reshape(B * T, C) @ self.w_q
-        if self.b_q is not None:
-            q = q + self.b_q
-        q = q.reshape(B, T, H, dh).transpose(0, 2, 1, 3)                                # (B, H, T, dh)
-        k, v = kv if kv is not None else self.kv(x if context is None else context)     # (B, H, S, dh)
+        q, k, v = self.project(x, context, kv)                                          # (B, H, T|S, dh)
         S = k.shape[2]
         E = (q @ k.swapaxes(-1, -2)) * (self.alpha * self.scale)                        # (B, H, T, S)
         N = l1_distance(q, k) * (-self.beta * self.scale)                               # β G/√d_k, G = −L1

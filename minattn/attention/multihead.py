@@ -68,16 +68,22 @@ class MultiHeadAttention(Module):
         kv = kv.reshape(B, S, 2, self.n_head, self.d_head).transpose(2, 0, 3, 1, 4)
         return kv[0], kv[1]
 
+    def project(self, x, context=None, kv=None):
+        """Queries (B, H, T, dh) from x; keys and values (B, H, S, dh) from ``kv`` or the context."""
+        B, T, C = x.shape
+        q = x.reshape(B * T, C) @ self.w_q
+        if self.b_q is not None:
+            q = q + self.b_q
+        q = q.reshape(B, T, self.n_head, self.d_head).transpose(0, 2, 1, 3)
+        k, v = kv if kv is not None else self.kv(x if context is None else context)
+        return q, k, v
+
     def forward(self, x, context=None, key_mask=None, causal=False, return_weights=False, kv=None):
         """x (B, T, C) queries; context (B, S, C) keys/values (default: x, self-attention), or ``kv``, the
         context's keys and values already projected by ``kv()``."""
         B, T, C = x.shape
         H, dh = self.n_head, self.d_head
-        q = x.reshape(B * T, C) @ self.w_q
-        if self.b_q is not None:
-            q = q + self.b_q
-        q = q.reshape(B, T, H, dh).transpose(0, 2, 1, 3)                                          # (B, H, T, dh)
-        k, v = kv if kv is not None else self.kv(x if context is None else context)             # (B, H, S, dh)
+        q, k, v = self.project(x, context, kv)
         logits = (q @ k.swapaxes(-1, -2)) * (1.0 / math.sqrt(dh))                               # (B, H, T, S)
         A = masked_softmax(logits, key_mask, causal)
         if self.record:  # kept for analysis and plots (see UniversalEncoder's trace)
