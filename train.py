@@ -670,7 +670,6 @@ class SortFamily(_ObjectTaskFamily):
         def frac(count, split, per_token=False):
             return round(float(backend.to_numpy(count)) / (split.labels.size if per_token else len(split)), 5)
         splits = self.task.splits
-        model.eval()  # nn.Dropout follows the module flag, not eval_mode(); train() resets it afterwards
         with no_grad(), eval_mode():
             result = {"valid_tf": frac(self._count(model, splits["valid"], False)[1], splits["valid"], True)}
             selectable = _better(result["valid_tf"], self.best, True)
@@ -731,7 +730,6 @@ class PairwiseSetFamily(_ObjectTaskFamily):
 
     def evaluate(self, model):
         result = {}
-        model.eval()  # nn.Dropout follows the module flag, not eval_mode(); train() resets it afterwards
         with no_grad(), eval_mode():
             for name, split in (("train", self.train_set), ("valid", self.task.splits["valid"]),
                                 ("test", self.task.splits["test"])):
@@ -869,7 +867,6 @@ class MLUFamily(Family):
 
     def evaluate(self, model):
         result = {}
-        model.eval()  # nn.Dropout follows the module flag, not eval_mode(); train() resets it afterwards
         with no_grad(), eval_mode():
             for name, split in (("train", self.train_eval), ("valid", self.task.splits["valid"]),
                                 ("test", self.task.splits["test"])):
