@@ -44,6 +44,20 @@ def timeit(fn, xp=np, repeat=5, min_time=0.2):
     return statistics.median(times)
 
 
+def train_step(model, opt, loss_fn, rng=None, clip=None):
+    """A closure that runs one training step: loss → backward → (clip) → optimizer update."""
+    def step():
+        if rng is not None:
+            model.set_rng(rng)
+        loss = loss_fn()
+        opt.zero_grad()
+        loss.backward()
+        if clip:
+            optim.clip_grad_norm(model.parameters(), clip)
+        opt.step()
+    return step
+
+
 def matmul_peak(device, n=2048, repeat=5):
     """Measured float32 matmul throughput (FLOP/s) of this machine, right now."""
     xp = backend.get_xp(device)
@@ -129,13 +143,7 @@ def bench_ndr(device, repeat):
     opt = optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)
     run_rng = backend.RNG(0, device)
 
-    def step():
-        model.set_rng(run_rng)
-        loss = F.cross_entropy(model(x, lengths), y)
-        opt.zero_grad()
-        loss.backward()
-        optim.clip_grad_norm(model.parameters(), 5.0)
-        opt.step()
+    step = train_step(model, opt, lambda: F.cross_entropy(model(x, lengths), y), run_rng, clip=5.0)
 
     def evaluate():
         with no_grad(), eval_mode():
@@ -164,11 +172,7 @@ def bench_crt(device, repeat):
         model = CRTModel(name, x.shape[-1], CRTConfig(searches=S, retrievals=R)).to(device)
         opt = optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
 
-        def step():
-            loss = F.abs(model(x) - y).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+        step = train_step(model, opt, lambda: F.abs(model(x) - y).mean())
         t = timeit(step, xp, repeat, min_time=1.0)
         print(f"        {name:14s} {t * 1e3:7.1f} ms/step  ({model.num_parameters():,} parameters)")
 
@@ -187,13 +191,7 @@ def bench_seq2attn(device, repeat):
         src, tgt = xp.asarray(rng.integers(2, 19, (B, 4))), xp.asarray(rng.integers(4, 12, (B, 4)))
         lengths = xp.full(B, 4)
 
-        def step():
-            model.set_rng(run_rng)
-            loss = model.loss(src, lengths, tgt, lengths)
-            opt.zero_grad()
-            loss.backward()
-            optim.clip_grad_norm(model.parameters(), 5.0)
-            opt.step()
+        step = train_step(model, opt, lambda: model.loss(src, lengths, tgt, lengths), run_rng, clip=5.0)
         t = timeit(step, xp, repeat, min_time=1.0)
         t_opt = timeit(opt.step, xp, repeat)
         print(f"        batch {B:3d}: {t * 1e3:7.2f} ms/step = {t * 1e3 / B:7.3f} ms per training sequence "
@@ -222,12 +220,7 @@ def bench_abstractor(device, repeat):
         opt = optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
         run_rng = backend.RNG(0, device)
 
-        def step():
-            model.set_rng(run_rng)
-            loss = F.cross_entropy(model(x, tgt_in), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+        step = train_step(model, opt, lambda: F.cross_entropy(model(x, tgt_in), y), run_rng)
         t = timeit(step, xp, repeat, min_time=1.0)
         n_attn = sum(isinstance(m, (MultiHeadAttention, RelationalCrossAttention)) for _, m in model.named_modules())
         n_ffn = sum(isinstance(m, FeedForwardBlock) for _, m in model.named_modules())
@@ -275,12 +268,7 @@ def bench_coda(device, repeat):
         opt = optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
         run_rng = backend.RNG(0, device)
 
-        def step():
-            model.set_rng(run_rng)
-            loss = loss_fn()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+        step = train_step(model, opt, loss_fn, run_rng)
         step()
         return timeit(step, xp, repeat, min_time=1.0), peak_step_memory(step, device)
 
