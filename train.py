@@ -1257,10 +1257,17 @@ def main(argv=None):
                 raise UsageError(f"--set expects KEY=VALUE, got {item!r}")
             key, value = item.split("=", 1)
             overrides[key] = _parse_value(key, value, args.task, args.model)
-        cfg = make_config(args.task, args.model, args.preset, seed=args.seed, device=args.device, steps=args.steps,
-                          batch_size=args.batch_size, lr=args.lr, eval_every=args.eval_every, searches=args.searches,
-                          retrievals=args.retrievals, ood=args.ood or None, split=args.split,
-                          train_size=args.train_size, **overrides)
+        flags = dict(seed=args.seed, device=args.device, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                     eval_every=args.eval_every, searches=args.searches, retrievals=args.retrievals,
+                     ood=args.ood or None, split=args.split, train_size=args.train_size)
+        defaults = parse_args([])
+        for key, value in overrides.items():   # --set lr=… is the same as --lr …; both at once must agree
+            given = flags.get(key)
+            if given is not None and given != getattr(defaults, key, None) and given != value:
+                raise UsageError(f"--set {key}={value} contradicts --{key.replace('_', '-')} {given}")
+            flags[key] = value
+        args.seed = flags["seed"]
+        cfg = make_config(args.task, args.model, args.preset, **flags)
         task_name = f"{args.task}-{args.split}" if args.split else args.task
         out = args.out or os.path.join("runs", f"{task_name}-{args.model}-{args.preset}-s{args.seed}")
         results = train(cfg, out, resume=args.resume, progress=not args.no_progress)
@@ -1277,4 +1284,8 @@ def main(argv=None):
 
 if __name__ == "__main__":
     backend.keep_freed_memory()  # ~10% faster steps here; see its docstring
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BrokenPipeError:   # `train.py --report runs/* | head`: the reader left; not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)

@@ -95,6 +95,14 @@ def test_corrupted_checkpoint_is_a_clear_error(tmp_path, capsys):
 def test_bad_set_values_are_clear_errors(tmp_path, capsys):
     assert "unknown setting" in run(TINY + ["--set", "colour=red", "--out", str(tmp_path)], capsys)[1]
     assert "expected" in run(TINY + ["--set", "d_model=big", "--out", str(tmp_path)], capsys)[1]
+    code, err = run(TINY + ["--lr", "1e-3", "--set", "lr=2e-3", "--out", str(tmp_path)], capsys)
+    assert code == 2 and "contradicts --lr" in err
+
+
+def test_set_reaches_settings_that_also_have_a_flag(tmp_path, capsys):
+    assert run(TINY + ["--steps", "2", "--set", "lr=1e-3", "--set", "seed=3", "--out", str(tmp_path)], capsys)[0] == 0
+    res = json.load(open(tmp_path / "results.json"))
+    assert res["config"]["lr"] == 1e-3 and res["seed"] == 3
 
 
 def test_paper_preset_matches_the_spec_table():
