@@ -367,11 +367,17 @@ class RetrievalFamily(Family):
         """Paper Fig. 5: mean value score of each model (search, retrieval) per ground-truth choice."""
         if self.cfg.model == "mha":
             raise UsageError("the analysis shows value scores, which only the compositional models have")
-        x, _, prefs = self.task.batch(2048, np.random.default_rng([self.cfg.seed, 3]), self.train_pool)
-        with no_grad(), eval_mode():
-            _, _, c = model(backend.to_device(x, self.cfg.device), return_weights=True)
-        table = crt.format_specialisation(crt.specialisation(c.data, prefs, self.task.retrievals))
-        return f"mean value scores on 2048 fresh samples ({self.train_pool} combinations):\n{table}"
+        # In OOD mode also on the held-out combinations: there the choices show whether they compose.
+        pools = [self.train_pool] + (["test"] if self.train_pool == "train" else [])
+        out = []
+        for pool in pools:
+            x, _, prefs = self.task.batch(2048, np.random.default_rng([self.cfg.seed, 3]), pool)
+            with no_grad(), eval_mode():
+                _, _, c = model(backend.to_device(x, self.cfg.device), return_weights=True)
+            table = crt.format_specialisation(crt.specialisation(c.data, prefs, self.task.retrievals))
+            name = "held-out (ood)" if pool == "test" else pool
+            out.append(f"mean value scores on 2048 fresh samples ({name} combinations):\n{table}")
+        return "\n\n".join(out)
 
     def plot_examples(self, model, texts):
         """Paper Figs. 4–5: search maps, and value scores per search and per ground-truth retrieval, on the

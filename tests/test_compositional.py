@@ -331,6 +331,11 @@ def test_training_reports_l1_metrics_and_the_analysis(tmp_path, capsys):
     assert train.main(["--analyze", "--out", out]) == 0
     table = capsys.readouterr().out
     assert "g1 r3" in table and "s1 r3" in table
+    train_part, ood_part = table.split("held-out (ood) combinations")
+    # the held-out combinations (spec §8) have g0 ∈ {r2, r3} and g1 ∈ {r1, r3}: only those rows, no NaN
+    rows = [line.split("|")[0].strip() for line in ood_part.splitlines() if line.strip()[:1] == "g" and line.strip()[1].isdigit()]
+    assert rows == ["g0 r2", "g0 r3", "g1 r1", "g1 r3"] and "nan" not in ood_part
+    assert "g0 r0" in train_part
 
 
 def test_retrieval_flags_are_checked(tmp_path, capsys):

@@ -122,9 +122,9 @@ def specialisation(c, prefs, n_retrieval):
 
 def format_specialisation(M):
     """M of ``specialisation`` as a text table: a row per ground truth (search g, retrieval r), a
-    column per model (search s, retrieval r)."""
+    column per model (search s, retrieval r). Ground truths that never occurred (NaN) are left out."""
     S_gt, R_gt, S, R = M.shape
     head = "ground truth |" + "".join(f"  s{s} r{r}" for s in range(S) for r in range(R))
     rows = [f"{f'g{g} r{r}':>12} |" + "".join(f"{v:7.2f}" for v in M[g, r].ravel())
-            for g in range(S_gt) for r in range(R_gt)]
+            for g in range(S_gt) for r in range(R_gt) if not np.isnan(M[g, r]).all()]
     return "\n".join([head, "-" * len(head)] + rows)
