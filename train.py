@@ -1208,7 +1208,8 @@ def parse_args(argv=None):
     ap.add_argument("--eval-every", type=int, help="evaluate and checkpoint every N steps")
     ap.add_argument("--out", help="run directory (default: runs/TASK-MODEL-PRESET-sSEED)")
     ap.add_argument("--resume", nargs="?", const=True, default=False, metavar="DIR",
-                    help="continue the checkpoint in --out (or DIR) exactly")
+                    help="continue the checkpoint in --out (or DIR) exactly; without --task/--model the run's "
+                         "task, model and settings come from the checkpoint (add --steps N to extend it)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override any setting, e.g. --set d_model=64 --set n_steps=10 --set batching=random")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -1253,6 +1254,14 @@ def main(argv=None):
             return 0
         if args.example:
             raise UsageError("--example goes with --plot")
+        saved = {}
+        if args.resume and args.out and args.task is None and args.model is None:
+            # `--resume --out DIR` alone continues the run saved there: task, model, preset and every
+            # setting come from its checkpoint; flags given now (e.g. --steps) still apply on top.
+            saved = dict(load_checkpoint(os.path.join(args.out, "checkpoint.pkl"))["config"])
+            args.task, args.model, args.preset = saved.pop("task"), saved.pop("model"), saved.pop("preset")
+            saved = {**saved.pop("model_config"), **saved}
+            saved.pop("device")
         args.task, args.model = args.task or "ctl", args.model or "ndr"
         family_of(args.task)
         if args.device not in ("cpu", "gpu"):
@@ -1267,6 +1276,9 @@ def main(argv=None):
                      eval_every=args.eval_every, searches=args.searches, retrievals=args.retrievals,
                      ood=args.ood or None, split=args.split, train_size=args.train_size)
         defaults = parse_args([])
+        for key, value in saved.items():       # a flag left at its default keeps the checkpoint's value
+            if flags.get(key) is None or flags[key] == getattr(defaults, key, None):
+                flags[key] = value
         for key, value in overrides.items():   # --set lr=… is the same as --lr …; both at once must agree
             given = flags.get(key)
             if given is not None and given != getattr(defaults, key, None) and given != value:

@@ -64,6 +64,17 @@ def test_resume_continues_exactly(tmp_path, capsys):
     assert [e["valid"] for e in logs[0]] == [e["valid"] for e in logs[1]]
 
 
+def test_resume_alone_takes_the_run_from_its_checkpoint(tmp_path, capsys):
+    out = str(tmp_path)
+    argv = [a if a != "ndr" else "transformer-rel" for a in TINY] + ["--seed", "3", "--set", "lr=1e-3"]
+    assert run(argv + ["--steps", "2", "--out", out], capsys)[0] == 0
+    assert run(["--resume", out, "--steps", "4", "--no-progress"], capsys)[0] == 0   # no --task, --model, --set
+    res = json.load(open(tmp_path / "results.json"))
+    assert (res["model"], res["seed"], res["steps"], res["config"]["lr"]) == ("transformer-rel", 3, 4, 1e-3)
+    code, err = run(["--resume", out, "--steps", "6", "--lr", "5e-4", "--no-progress"], capsys)
+    assert code == 2 and "different run" in err                                    # a changed setting is refused
+
+
 def test_results_json_has_every_field(tmp_path, capsys):
     assert run(TINY + ["--steps", "2", "--out", str(tmp_path)], capsys)[0] == 0
     res = json.load(open(tmp_path / "results.json"))
