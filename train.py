@@ -1276,14 +1276,14 @@ def main(argv=None):
                      eval_every=args.eval_every, searches=args.searches, retrievals=args.retrievals,
                      ood=args.ood or None, split=args.split, train_size=args.train_size)
         defaults = parse_args([])
-        for key, value in saved.items():       # a flag left at its default keeps the checkpoint's value
-            if flags.get(key) is None or flags[key] == getattr(defaults, key, None):
-                flags[key] = value
         for key, value in overrides.items():   # --set lr=… is the same as --lr …; both at once must agree
             given = flags.get(key)
             if given is not None and given != getattr(defaults, key, None) and given != value:
                 raise UsageError(f"--set {key}={value} contradicts --{key.replace('_', '-')} {given}")
             flags[key] = value
+        for key, value in saved.items():       # what was not given now keeps the checkpoint's value
+            if key not in overrides and flags.get(key) in (None, getattr(defaults, key, None)):
+                flags[key] = value
         args.seed = flags["seed"]
         cfg = make_config(args.task, args.model, args.preset, **flags)
         task_name = f"{args.task}-{args.split}" if args.split else args.task
