@@ -1196,7 +1196,8 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     # --task and --model default to ctl and ndr for training; None tells --plot that none was given
     ap.add_argument("--task", help="one of: " + ", ".join(t for f in FAMILIES for t in f.tasks) + " (default ctl)")
-    ap.add_argument("--model", help="one of: " + ", ".join(m for f in FAMILIES for m in f.models) + " (default ndr)")
+    models = dict.fromkeys(m for f in FAMILIES for m in f.models)  # sort and MLU share transformer-seq2seq
+    ap.add_argument("--model", help="one of: " + ", ".join(models) + " (default ndr)")
     ap.add_argument("--split", help="scan: the split, e.g. filler0, length, length_cutoff_26 (see tasks.SCAN_SPLITS)")
     ap.add_argument("--device", default="cpu", help="cpu or gpu (needs CuPy: pip install cupy-cuda12x)")
     ap.add_argument("--preset", default="cpu", help="cpu (default; ~30 min on 2 cores) or paper (the paper's "
@@ -1206,7 +1207,7 @@ def parse_args(argv=None):
     ap.add_argument("--lr", type=float, help="learning rate (default: the preset's)")
     ap.add_argument("--seed", type=int, default=0, help="seed of initialisation, data order and dropout")
     ap.add_argument("--eval-every", type=int, help="evaluate and checkpoint every N steps")
-    ap.add_argument("--out", help="run directory (default: runs/TASK-MODEL-PRESET-sSEED)")
+    ap.add_argument("--out", help="run directory (default: runs/TASK-MODEL-PRESET-sSEED, the task tagged with --split, --train-size, --searches, --retrievals and --ood when given)")
     ap.add_argument("--resume", nargs="?", const=True, default=False, metavar="DIR",
                     help="continue the checkpoint in --out (or DIR) exactly; without --task/--model the run's "
                          "task, model and settings come from the checkpoint (add --steps N to extend it)")
@@ -1286,7 +1287,10 @@ def main(argv=None):
                 flags[key] = value
         args.seed = flags["seed"]
         cfg = make_config(args.task, args.model, args.preset, **flags)
-        task_name = f"{args.task}-{args.split}" if args.split else args.task
+        # the data options are part of the default name, so runs at different sizes or splits don't collide
+        task_name = "-".join([args.task] + [f"{tag}{value}" for tag, value in (
+            ("", args.split), ("n", args.train_size), ("S", args.searches), ("R", args.retrievals)) if value]
+            + ["ood"] * bool(args.ood))
         out = args.out or os.path.join("runs", f"{task_name}-{args.model}-{args.preset}-s{args.seed}")
         results = train(cfg, out, resume=args.resume, progress=not args.no_progress)
     except (UsageError, backend.DeviceError) as e:

@@ -137,3 +137,14 @@ def test_ndr_learns_ctl(tmp_path, capsys):
     log = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     assert log[-1]["train_loss"] < 1.0
     assert log[-1]["iid"] > 0.9
+
+
+def test_default_run_directory_names_the_data_options(tmp_path, capsys, monkeypatch):
+    """Two training-set sizes of one task must not collide in runs/ (the second was refused before)."""
+    monkeypatch.chdir(tmp_path)
+    for n in (20, 30):
+        argv = ["--task", "pairwise", "--model", "abstractor-simplified", "--train-size", str(n), "--steps", "2",
+                "--eval-every", "2", "--no-progress"]
+        assert run(argv, capsys)[0] == 0
+    assert sorted(os.listdir(tmp_path / "runs")) == ["pairwise-n20-abstractor-simplified-cpu-s0",
+                                                     "pairwise-n30-abstractor-simplified-cpu-s0"]
