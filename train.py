@@ -1132,7 +1132,10 @@ def report(paths):
             raise UsageError(f"{d} has no results.json (is the run finished?)")
         r = json.load(open(f))
         m = ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in r["metrics"].items())
-        rows.append(f"| {r['task']} | {r['model']} | {r['preset']} | {r['seed']} | {r['steps']} | {m} | "
+        mc = r["config"].get("model_config", {})   # the data options that tell runs of one task apart
+        data = ", ".join(f"{k} {mc[k]}" for k in ("split", "train_size", "searches", "retrievals") if mc.get(k))
+        task = f"{r['task']} ({data}{', ood' if mc.get('ood') else ''})" if data else r["task"]
+        rows.append(f"| {task} | {r['model']} | {r['preset']} | {r['seed']} | {r['steps']} | {m} | "
                     f"{r['best_step']} | {r['wall_s'] / 60:.1f} min | {r['ms_per_step']:.0f} |")
         log = [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))]
         keys = [k for k in log[-1] if k not in ("step", "wall_s")]

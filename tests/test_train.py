@@ -148,3 +148,9 @@ def test_default_run_directory_names_the_data_options(tmp_path, capsys, monkeypa
         assert run(argv, capsys)[0] == 0
     assert sorted(os.listdir(tmp_path / "runs")) == ["pairwise-n20-abstractor-simplified-cpu-s0",
                                                      "pairwise-n30-abstractor-simplified-cpu-s0"]
+    # --report tells the two apart, and prints each run's learning curve
+    assert train.main(["--report"] + [str(tmp_path / "runs" / d) for d in sorted(os.listdir(tmp_path / "runs"))]) == 0
+    table = capsys.readouterr().out
+    assert "| pairwise (train_size 20) | abstractor-simplified | cpu | 0 | 2 |" in table
+    assert "| pairwise (train_size 30) |" in table and table.count("| step |") == 2
+    assert train.main(["--report", str(tmp_path)]) == 2 and "no results.json" in capsys.readouterr().err
