@@ -632,11 +632,10 @@ class SortFamily(_ObjectTaskFamily):
     metrics — full-sequence accuracy ``valid`` and ``test`` (the reported one), element-wise ``test_elem``
     — decode 30,000 sequences, so they are computed only at evaluations that can be selected (``valid_tf``
     at least as good as before) and are null elsewhere in metrics.jsonl. ``train``: greedy full-sequence
-    accuracy on the training set. Measured on the 2-core machine next to another training job (one BLAS
-    thread): ~0.85 s/step (Abstractor) and ~1.05 s/step (Transformer) at batch 512; an evaluation takes
-    ~6 s, plus ~20–25 s when the greedy metrics are computed. With the cpu preset, a run of 400 epochs
-    takes ~15–20 min up to 512 sequences (one step per epoch), ~25 min at 1,000 and ~40 min at 2,000;
-    early stopping usually ends it sooner."""
+    accuracy on the training set. Measured on the 2-core machine (one BLAS thread, session 3): ~0.46 s/step
+    (Abstractor) and ~0.54 s/step (Transformer) at batch 500; an evaluation takes a few seconds, plus ~20 s
+    when the greedy metrics are computed, which dominates: runs at 250–1,000 sequences took 7–13 min of
+    wall time, of which 1.5–5 min training (early stopping ends most runs before 400 epochs)."""
     tasks = ("sort",)
     models = abstractor.SEQ2SEQ_MODELS
     select_split = "valid_tf"
