@@ -79,6 +79,7 @@ class Family:
     models = ()                      # model names it builds
     select_split = "valid"           # the split whose metric selects the reported evaluation
     report_final = ("iid",)          # splits reported at the end of training rather than at selection
+    selected_only = ()               # splits computed once, at the end, by evaluate_selected()
     metric_higher_is_better = True
     has_split = False                # True: config() takes a split argument (--split, e.g. SCAN's)
 
@@ -107,6 +108,12 @@ class Family:
     def evaluate(self, model):
         """{split: metric} under no_grad/eval_mode."""
         raise NotImplementedError
+
+    def evaluate_selected(self, model):
+        """{split: metric} for the ``selected_only`` splits, computed once after training with the parameters
+        of the selected evaluation (train() keeps a copy of them, checkpointed): for metrics too slow to
+        compute at every evaluation, such as greedy decoding of a large test set."""
+        return {}
 
     def log_extra(self, model):
         """Extra numbers for the metrics log (e.g. the mean gate)."""
@@ -630,17 +637,16 @@ class SortFamily(_ObjectTaskFamily):
     """Object sorting with the encoder–decoder models (spec §6.1): cross-entropy over the 10 positions under
     teacher forcing. Model selection on the validation teacher-forcing accuracy ``valid_tf``. The greedy
     metrics — full-sequence accuracy ``valid`` and ``test`` (the reported one), element-wise ``test_elem``
-    — decode 30,000 sequences, so they are computed only at evaluations that can be selected (``valid_tf``
-    at least as good as before) and are null elsewhere in metrics.jsonl. ``train``: greedy full-sequence
-    accuracy on the training set. Measured on the 2-core machine (one BLAS thread, session 3): ~0.46 s/step
-    (Abstractor) and ~0.54 s/step (Transformer) at batch 500; an evaluation takes a few seconds, plus ~20 s
-    when the greedy metrics are computed, which dominates: runs at 250–1,000 sequences took 7–13 min of
-    wall time, of which 1.5–5 min training (early stopping ends most runs before 400 epochs)."""
+    — decode 30,000 sequences (~20 s here), so they are computed once, after training, with the selected
+    evaluation's parameters (``selected_only``); metrics.jsonl has ``valid_tf`` and ``train`` (greedy
+    full-sequence accuracy on the training set) at every evaluation. Measured on the 2-core machine (one BLAS
+    thread, session 3): ~0.46 s/step (Abstractor) and ~0.54 s/step (Transformer) at batch 500, an evaluation
+    a few seconds; early stopping ends most runs before 400 epochs."""
     tasks = ("sort",)
     models = abstractor.SEQ2SEQ_MODELS
     select_split = "valid_tf"
+    selected_only = ("valid", "test", "test_elem")
     config = staticmethod(_sort_config)
-    best = None
 
     def make_task(self):
         return tasks.SortTask()
@@ -671,21 +677,22 @@ class SortFamily(_ObjectTaskFamily):
             seqs, tokens = seqs + (pred == y).all(axis=1).sum(), tokens + (pred == y).sum()
         return seqs, tokens
 
+    @staticmethod
+    def _frac(count, split, per_token=False):
+        return round(float(backend.to_numpy(count)) / (split.labels.size if per_token else len(split)), 5)
+
     def evaluate(self, model):
-        def frac(count, split, per_token=False):
-            return round(float(backend.to_numpy(count)) / (split.labels.size if per_token else len(split)), 5)
+        valid = self.task.splits["valid"]
+        with no_grad(), eval_mode():
+            return {"valid_tf": self._frac(self._count(model, valid, False)[1], valid, True),
+                    "train": self._frac(self._count(model, self.train_set, True)[0], self.train_set)}
+
+    def evaluate_selected(self, model):
         splits = self.task.splits
         with no_grad(), eval_mode():
-            result = {"valid_tf": frac(self._count(model, splits["valid"], False)[1], splits["valid"], True)}
-            selectable = _better(result["valid_tf"], self.best, True)
-            self.best = result["valid_tf"] if selectable else self.best
-            result["train"] = frac(self._count(model, self.train_set, True)[0], self.train_set)
-            result.update(valid=None, test=None, test_elem=None)
-            if selectable:
-                result["valid"] = frac(self._count(model, splits["valid"], True)[0], splits["valid"])
-                seqs, tokens = self._count(model, splits["test"], True)
-                result.update(test=frac(seqs, splits["test"]), test_elem=frac(tokens, splits["test"], True))
-        return result
+            seqs, tokens = self._count(model, splits["test"], True)
+            return {"valid": self._frac(self._count(model, splits["valid"], True)[0], splits["valid"]),
+                    "test": self._frac(seqs, splits["test"]), "test_elem": self._frac(tokens, splits["test"], True)}
 
     def plot_examples(self, model, texts):
         """Encoder attention, the Abstractor's relation matrices and its symbols' attention, on test sequences
@@ -1096,6 +1103,8 @@ def train(cfg, out_dir, resume=False, progress=True):
             selected = entry.get(fam.select_split)
             if selected is not None and _better(selected, best["metric"], fam.metric_higher_is_better):
                 best = {"metric": selected, "metrics": {k: v for k, v in entry.items()}, "step": step}
+                if fam.selected_only:         # the selected parameters, for evaluate_selected() at the end
+                    best["state"] = model.state_dict()
             history.append(entry)
             with open(log_path, "a") as f:
                 f.write(json.dumps(entry) + "\n")
@@ -1109,6 +1118,10 @@ def train(cfg, out_dir, resume=False, progress=True):
                    and not k.startswith("gate")]
     metrics = {k: (final.get(k) if k in fam.report_final else best["metrics"].get(k, final.get(k)))
                for k in split_names}
+    if fam.selected_only and best.get("state") is not None:
+        model.load_state_dict(best["state"])  # training is over and checkpointed: the model is free to reuse
+        model.eval()
+        metrics.update(fam.evaluate_selected(model))
     results = {
         "task": cfg.task, "model": cfg.model, "preset": cfg.preset, "seed": cfg.seed, "device": cfg.device,
         "steps": step, "wall_s": round(train_time, 2),

@@ -171,18 +171,51 @@ def test_pairwise_run_end_to_end(tmp_path, capsys):
     assert res["metrics"]["test"] == best["test"] and res["best_step"] == best["step"]
 
 
-def test_sort_run_evaluates_greedy_metrics_only_when_selectable(tmp_path, monkeypatch):
-    """A tiny sort run (a small data set and model) through the real family: metrics at the selected step."""
+def test_sort_greedy_metrics_use_the_selected_parameters(tmp_path, monkeypatch):
+    """A tiny sort run (a small data set and model) through the real family, with the selection metric
+    forced to peak at the first evaluation (step 2 of 6): the greedy metrics are computed once, at the end,
+    with exactly the step-2 parameters, also when the run was interrupted and resumed after the peak."""
     monkeypatch.setattr(train.SortFamily, "make_task", lambda self: tasks.SortTask(n_sequences=400))
-    cfg = train.make_config("sort", "abstractor", "cpu", train_size=64, batch_size=32, steps=6, eval_every=2,
-                            d_model=8, d_ff=8, eval_batch_size=50)
-    res = train.train(cfg, str(tmp_path / "run"), progress=False)
-    log = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    best = max(log, key=lambda e: (e["valid_tf"], e["step"]))
-    assert res["best_step"] == best["step"] and res["metrics"]["test"] == best["test"] is not None
-    for e in log:
-        assert (e["test"] is None) == (e["valid_tf"] < max(p["valid_tf"] for p in log if p["step"] <= e["step"]))
-    assert 0 <= res["metrics"]["test_elem"] <= 1 and "train" in res["metrics"]
+    evaluate, evaluate_selected = train.SortFamily.evaluate, train.SortFamily.evaluate_selected
+    calls, used = [], {}
+
+    def peaked(self, model):
+        calls.append(1)
+        return dict(evaluate(self, model), valid_tf=0.9 if len(calls) == 1 else 0.5)
+
+    def spy(self, model):
+        used.clear()
+        used.update(model.state_dict())
+        return evaluate_selected(self, model)
+    monkeypatch.setattr(train.SortFamily, "evaluate", peaked)
+    monkeypatch.setattr(train.SortFamily, "evaluate_selected", spy)
+
+    def run(out, steps, resume=False):
+        cfg = train.make_config("sort", "abstractor", "cpu", train_size=64, batch_size=32, steps=steps, eval_every=2,
+                                d_model=8, d_ff=8, eval_batch_size=50)
+        return train.train(cfg, str(tmp_path / out), resume=resume, progress=False)
+
+    res = run("full", 6)
+    assert res["best_step"] == 2 and res["steps"] == 6
+    assert set(res["metrics"]) == {"valid_tf", "train", "valid", "test", "test_elem"}
+    assert 0 <= res["metrics"]["test"] <= res["metrics"]["test_elem"] <= 1
+    log = [json.loads(line) for line in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in log] == [2, 4, 6] and all("test" not in e for e in log)
+    used_full = dict(used)
+    final = train.load_checkpoint(str(tmp_path / "full" / "checkpoint.pkl"))["model"]
+    assert any((final[k] != used_full[k]).any() for k in final)       # step 6 is not what was evaluated
+
+    calls.clear()
+    short = run("short", 2)                                          # the step-2 model, by itself
+    step2 = train.load_checkpoint(str(tmp_path / "short" / "checkpoint.pkl"))["model"]
+    assert all((step2[k] == used_full[k]).all() for k in step2)
+    assert short["metrics"]["test"] == res["metrics"]["test"]
+
+    calls.clear()
+    run("resumed", 4)
+    resumed = run("resumed", 6, resume=True)
+    assert all((step2[k] == used[k]).all() for k in step2)
+    assert resumed["metrics"] == res["metrics"] and resumed["best_step"] == 2
 
 
 def test_early_stopping_after_patience_epochs(tmp_path):
