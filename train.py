@@ -202,7 +202,10 @@ def _classification_config(task, model, preset):
         readout = "sos"   # the code's default for these two (spec §1.4)
     else:
         readout = "eos"
-    if gated or (family == "listops" and model == "transformer"):
+    # The plain "Transformer" is N(0, 1) everywhere: the official code builds its "universal" variant without
+    # passing the sweep's embedding_init (tasks/simple/transformer_classifier_mixin.py), so the model's
+    # default "pytorch" init applies. Spec §5 says kaiming for CTL/arithmetic; the code does not.
+    if gated or model in ("transformer", "transformer-compositional"):
         emb_init = "normal"
     elif family == "listops" and model == "transformer-rel":
         emb_init = "xavier"

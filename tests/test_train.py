@@ -125,6 +125,13 @@ def test_paper_preset_matches_the_spec_table():
     lo = train.make_config("listops", "ndr", "paper")
     assert lo.model_config.readout == "sos" and lo.model_config.n_steps_eval == 24 and lo.grad_clip == 1
     assert train.make_config("ctl", "transformer", "paper").batching == "random"
+    # embedding inits as the official code builds them (the plain Transformer ignores the sweep's kaiming)
+    inits = {(t, m): train.make_config(t, m, "paper").model_config.embedding_init
+             for t in ("ctl", "arith", "listops") for m in ("transformer", "transformer-rel", "ndr")}
+    assert inits == {("ctl", "transformer"): "normal", ("ctl", "transformer-rel"): "kaiming", ("ctl", "ndr"): "normal",
+                     ("arith", "transformer"): "normal", ("arith", "transformer-rel"): "kaiming",
+                     ("arith", "ndr"): "normal", ("listops", "transformer"): "normal",
+                     ("listops", "transformer-rel"): "xavier", ("listops", "ndr"): "normal"}
 
 
 @pytest.mark.slow
