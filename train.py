@@ -228,9 +228,10 @@ def _classification_config(task, model, preset):
     if preset == "cpu":
         cfg.batch_size, cfg.steps, cfg.eval_every = 128, (_CPU_STEPS_GATED if gated else _CPU_STEPS)[family], 500
         cfg.lr = 3e-4
-        if family == "listops":
-            cfg.batch_size = 64 if gated else 128
-            enc = enc if gated else dataclasses.replace(enc, **_CPU_LISTOPS_TRANSFORMER)
+        if family == "listops" and gated:
+            cfg.batch_size = 64
+        elif family == "listops":
+            enc = dataclasses.replace(enc, **_CPU_LISTOPS_TRANSFORMER)
         # With 30× fewer samples than the paper, CTL's rare shallow samples (1% of the train split)
         # are learned too late: draw each batch from one depth, uniformly (same train split).
         cfg.batching = "balanced" if family == "ctl" else cfg.batching
