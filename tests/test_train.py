@@ -132,6 +132,12 @@ def test_paper_preset_matches_the_spec_table():
                      ("arith", "transformer"): "normal", ("arith", "transformer-rel"): "kaiming",
                      ("arith", "ndr"): "normal", ("listops", "transformer"): "normal",
                      ("listops", "transformer-rel"): "xavier", ("listops", "ndr"): "normal"}
+    # the "+ gate" baselines' d_FF is 4·d in the official code (hard-wired); every preset says so in its config
+    for t in ("ctl", "arith", "listops"):
+        for m in ("transformer-rel-gate", "transformer-absrel-gate"):
+            for preset in ("paper", "cpu"):
+                e = train.make_config(t, m, preset).model_config
+                assert e.d_ff == 4 * e.d_model, (t, m, preset)
 
 
 @pytest.mark.slow
