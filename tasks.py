@@ -199,6 +199,7 @@ def batches(split: ClassificationSplit, batch_size: int, rng: np.random.Generato
     length, cuts consecutive batches and visits them in random order, so each sample appears at most
     once per pass and padding is rare. mode "random": batch_size indices uniformly with replacement.
     mode "balanced": each batch draws one depth uniformly and batch_size samples of it with replacement.
+    mode "stratified": every sample draws its depth uniformly (then a sample of it), so batches mix depths.
     All randomness comes from rng, so a seeded Generator gives the same stream. V defaults to
     split.vocab_size.
     """
@@ -217,8 +218,18 @@ def batches(split: ClassificationSplit, batch_size: int, rng: np.random.Generato
             group = groups[rng.integers(len(groups))]
             idx = group[rng.integers(0, len(group), batch_size)]
             yield (*_collate_ragged(as_ragged, idx, V), labels[idx])
+    if mode == "stratified":
+        # The same depth balance, but mixed within each batch (padded to its deepest sample), so no
+        # single step's gradient comes from one depth alone.
+        by_depth = np.argsort(split.depths, kind="stable")
+        sizes = np.unique(split.depths, return_counts=True)[1]
+        starts = np.cumsum(sizes) - sizes
+        while True:
+            g = rng.integers(0, len(sizes), batch_size)
+            idx = by_depth[starts[g] + rng.integers(0, sizes[g])]
+            yield (*_collate_ragged(as_ragged, idx, V), labels[idx])
     if mode != "bucketed":
-        raise ValueError(f"unknown batching mode {mode!r} (valid: bucketed, random, balanced)")
+        raise ValueError(f"unknown batching mode {mode!r} (valid: bucketed, random, balanced, stratified)")
     if N < batch_size:
         raise ValueError(f"split of {N} samples is smaller than one batch of {batch_size}")
     lengths = as_ragged.lengths

@@ -61,8 +61,9 @@ class RunConfig:
     lr: float = 3e-4               # constant, no warm-up or decay (spec ndr.md §6.2)
     weight_decay: float = 0.01     # AdamW, on all parameters (spec ndr.md §6.1)
     grad_clip: float = 5.0         # global L2 norm (0: no clipping)
-    batching: str = "bucketed"     # "bucketed" (length-sorted batches), "random" (with replacement) or,
-                                   # for seq2seq tasks, "shuffled" (a new permutation each epoch)
+    batching: str = "bucketed"     # "bucketed" (length-sorted batches), "random" (with replacement),
+                                   # "balanced" / "stratified" (depths drawn uniformly per batch / per
+                                   # sample) or, for seq2seq tasks, "shuffled" (a new permutation each epoch)
     eval_every: int = 500
     eval_batch_size: int = 1024
     model_config: object = None    # the family's model dataclass (e.g. EncoderConfig)

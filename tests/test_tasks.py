@@ -397,6 +397,28 @@ def test_random_batches_and_labels(ctl):
         next(tasks.batches(s, 32, np.random.default_rng(1), "nope"))
 
 
+@pytest.mark.parametrize("mode", ["balanced", "stratified"])
+def test_depth_balanced_batches(ctl, mode):
+    """Both cpu-budget modes see every train depth equally often (depth 1 is ~1% of the split); "balanced"
+    takes one depth per batch, "stratified" mixes them in every batch. A CTL input of depth d has d + 1 symbols."""
+    s = ctl.splits["train"]
+    gen = tasks.batches(s, 32, np.random.default_rng(0), mode)
+    counts, mixed = np.zeros(6), 0
+    for _ in range(500):
+        x, lengths, y = next(gen)
+        depth = lengths - 3                              # SOS + (depth + 1 symbols) + EOS
+        counts += np.bincount(depth, minlength=6)
+        mixed += len(np.unique(depth)) > 1
+    for row, n, label in zip(x, lengths, y):
+        assert ctl_eval(ctl.decode(row[1:n - 1]).split())[0] == label
+    share = counts[1:] / counts.sum()
+    assert counts[0] == 0 and np.all(np.abs(share - 0.2) < 0.06), share   # 500 draws of a depth: s.d. 0.018
+    assert mixed == (0 if mode == "balanced" else 500)
+    again = next(tasks.batches(s, 64, np.random.default_rng(0), mode))
+    first = next(tasks.batches(s, 64, np.random.default_rng(0), mode))
+    assert all(np.array_equal(a, b) for a, b in zip(again, first))
+
+
 def test_eval_batches_aligned(listops):
     s = listops.splits["iid"]
     seen = []
