@@ -210,23 +210,16 @@ def batches(split: ClassificationSplit, batch_size: int, rng: np.random.Generato
         while True:
             idx = rng.integers(0, N, batch_size)
             yield (*_collate_ragged(as_ragged, idx, V), labels[idx])
-    if mode == "balanced":
-        # Not in the papers: a cpu-budget choice. Every batch takes one depth, uniformly, and samples it
-        # with replacement, so shallow samples (1% of CTL's train split) are seen as often as deep ones.
-        groups = [np.flatnonzero(split.depths == d) for d in np.unique(split.depths)]
-        while True:
-            group = groups[rng.integers(len(groups))]
-            idx = group[rng.integers(0, len(group), batch_size)]
-            yield (*_collate_ragged(as_ragged, idx, V), labels[idx])
-    if mode == "stratified":
-        # The same depth balance, but mixed within each batch (padded to its deepest sample), so no
-        # single step's gradient comes from one depth alone.
-        by_depth = np.argsort(split.depths, kind="stable")
+    if mode in ("balanced", "stratified"):
+        # Not in the papers: cpu-budget choices. Depths are drawn uniformly, so shallow samples (1% of CTL's
+        # train split) are seen as often as deep ones: one depth per batch ("balanced"), or one per sample
+        # ("stratified": every batch mixes depths, padded to its deepest sample).
+        by_depth = np.argsort(split.depths, kind="stable")                 # sample indices, grouped by depth
         sizes = np.unique(split.depths, return_counts=True)[1]
         starts = np.cumsum(sizes) - sizes
         while True:
-            g = rng.integers(0, len(sizes), batch_size)
-            idx = by_depth[starts[g] + rng.integers(0, sizes[g])]
+            g = rng.integers(len(sizes)) if mode == "balanced" else rng.integers(0, len(sizes), batch_size)
+            idx = by_depth[starts[g] + rng.integers(0, sizes[g], batch_size)]    # with replacement
             yield (*_collate_ragged(as_ragged, idx, V), labels[idx])
     if mode != "bucketed":
         raise ValueError(f"unknown batching mode {mode!r} (valid: bucketed, random, balanced, stratified)")
