@@ -1175,8 +1175,13 @@ def report(paths):
     print("\n".join(curves))
 
 
-def _load_run(out_dir, device):
-    """The family (its task loaded) and the trained model of the checkpoint in out_dir, on ``device``."""
+# what `--set` may change in a trained run (--evaluate, --plot, --analyze): evaluation, never the weights
+EVAL_SETTINGS = ("n_steps_eval", "eval_batch_size")
+
+
+def _load_run(out_dir, device, settings=()):
+    """The family (its task loaded), the trained model of the checkpoint in out_dir on ``device``, and the
+    checkpoint's step. ``settings``: KEY=VALUE strings of EVAL_SETTINGS that override the saved config."""
     if not os.path.isdir(out_dir):
         raise UsageError(f"no run directory {out_dir}")
     path = os.path.join(out_dir, "checkpoint.pkl")
@@ -1184,7 +1189,13 @@ def _load_run(out_dir, device):
         raise UsageError(f"{out_dir} holds no checkpoint.pkl (is it a run directory? train there first)")
     ckpt = load_checkpoint(path)
     saved = dict(ckpt["config"], device=device)
-    cfg = make_config(saved.pop("task"), saved.pop("model"), saved.pop("preset"), **saved.pop("model_config"), **saved)
+    saved = {**saved.pop("model_config"), **saved}
+    for item in settings:
+        key, _, value = item.partition("=")
+        if key not in EVAL_SETTINGS or not value:
+            raise UsageError(f"--set {item}: a trained run takes only {', '.join(k + '=N' for k in EVAL_SETTINGS)}")
+        saved[key] = _parse_value(key, value, saved["task"], saved["model"])
+    cfg = make_config(saved.pop("task"), saved.pop("model"), saved.pop("preset"), **saved)
     fam = family_of(cfg.task)(cfg)
     fam.load_task()
     model = fam.build_model()
@@ -1192,13 +1203,21 @@ def _load_run(out_dir, device):
         model.load_state_dict(ckpt["model"])
     except ValueError as e:
         raise UsageError(f"checkpoint {path} does not fit the model: {e}") from None
-    return fam, model.to(device)
+    return fam, model.to(device).eval(), ckpt["step"]   # eval(): e.g. n_steps_eval applies, as in evaluation
 
 
-def analyze(out_dir, device="cpu"):
+def analyze(out_dir, device="cpu", settings=()):
     """The family's analysis of the checkpoint in out_dir (e.g. the CRT value-score table, paper Fig. 5)."""
-    fam, model = _load_run(out_dir, device)
+    fam, model, _ = _load_run(out_dir, device, settings)
     return fam.analyze(model)
+
+
+def evaluate_checkpoint(out_dir, device="cpu", settings=()):
+    """Every evaluation split's metric for the weights in out_dir's checkpoint: those of its last evaluation,
+    which need not be the selected step of results.json. E.g. ``settings=["n_steps_eval=16"]`` applies a
+    shared-layer encoder 16 times at evaluation instead of the number it was trained with."""
+    fam, model, step = _load_run(out_dir, device, settings)
+    return {"step": step, "settings": list(settings), "metrics": fam.evaluate(model)}
 
 
 PLOT_EXAMPLES = 3   # test examples --plot shows, drawn with a fixed seed: the same ones for every run of a task
@@ -1208,11 +1227,11 @@ def _plot_sample(n):
     return np.sort(np.random.default_rng(0).choice(n, min(PLOT_EXAMPLES, n), replace=False))
 
 
-def plot(out_dir, device="cpu", texts=(), task=None, model=None):
+def plot(out_dir, device="cpu", texts=(), task=None, model=None, settings=()):
     """Pictures of what the checkpoint in out_dir learned (minattn/viz.py) as PNGs in out_dir/plots, or as
     terminal heatmaps without matplotlib; returns the paths written. ``texts``: inputs to show instead of
     the test examples; ``task``/``model``, when given, must be the checkpoint's."""
-    fam, net = _load_run(out_dir, device)
+    fam, net, _ = _load_run(out_dir, device, settings)
     for flag, given, saved in (("--task", task, fam.cfg.task), ("--model", model, fam.cfg.model)):
         if given is not None and given != saved:
             raise UsageError(f"{out_dir} holds a {fam.cfg.task} / {fam.cfg.model} checkpoint, not {flag} {given}")
@@ -1247,6 +1266,8 @@ def parse_args(argv=None):
     ap.add_argument("--report", nargs="+", metavar="DIR", help="print a markdown table of finished runs and exit")
     ap.add_argument("--analyze", action="store_true", help="print the analysis of the checkpoint in --out and exit "
                     "(retrieval: the value-score table of paper Fig. 5)")
+    ap.add_argument("--evaluate", action="store_true", help="evaluate the checkpoint in --out on every split and "
+                    "exit; --set n_steps_eval=N applies a shared-layer encoder N times (also with --plot, --analyze)")
     ap.add_argument("--plot", action="store_true", help="draw what the checkpoint in --out learned (attention maps, "
                     "gates, value scores, relations) into DIR/plots and exit; PNGs need matplotlib (pip install -e "
                     "'.[plot]'), without it the maps are printed as text")
@@ -1276,12 +1297,17 @@ def main(argv=None):
         if args.analyze:
             if not args.out:
                 raise UsageError("--analyze needs --out DIR, a run directory with a checkpoint")
-            print(analyze(args.out, args.device))
+            print(analyze(args.out, args.device, args.set))
+            return 0
+        if args.evaluate:
+            if not args.out:
+                raise UsageError("--evaluate needs --out DIR, a run directory with a checkpoint")
+            print(json.dumps(evaluate_checkpoint(args.out, args.device, args.set)))
             return 0
         if args.plot:
             if not args.out:
                 raise UsageError("--plot needs --out DIR (or --resume DIR), a run directory with a checkpoint")
-            plot(args.out, args.device, args.example, args.task, args.model)
+            plot(args.out, args.device, args.example, args.task, args.model, args.set)
             return 0
         if args.example:
             raise UsageError("--example goes with --plot")

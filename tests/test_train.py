@@ -116,6 +116,22 @@ def test_set_reaches_settings_that_also_have_a_flag(tmp_path, capsys):
     assert res["config"]["lr"] == 1e-3 and res["seed"] == 3
 
 
+def test_evaluate_reruns_a_checkpoint_with_more_encoder_steps(tmp_path, capsys):
+    out = str(tmp_path)
+    assert run(TINY + ["--steps", "2", "--out", out], capsys)[0] == 0
+    logged = json.loads(open(tmp_path / "metrics.jsonl").readlines()[-1])
+    assert train.main(["--evaluate", "--out", out]) == 0              # the saved weights, as evaluated in training
+    again = json.loads(capsys.readouterr().out)
+    assert again["step"] == 2 and again["metrics"] == {k: logged[k] for k in ("iid", "valid", "test")}
+    fam, model, _ = train._load_run(out, "cpu", ["n_steps_eval=5"])  # TINY trains 2 steps
+    x, lengths, _ = fam._to_device(next(train.tasks.eval_batches(fam.task.splits["test"], 8)))
+    logits = model(x, lengths).data
+    np.testing.assert_array_equal(logits, model(x, lengths, n_steps=5).data)
+    assert not np.allclose(logits, model(x, lengths, n_steps=2).data)
+    code, err = run(["--evaluate", "--out", out, "--set", "d_model=32"], capsys)
+    assert code == 2 and "n_steps_eval" in err and err.count("\n") == 1
+
+
 def test_paper_preset_matches_the_spec_table():
     cfg = train.make_config("ctl-backward", "ndr", "paper")
     e = cfg.model_config
