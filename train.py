@@ -1294,19 +1294,16 @@ def main(argv=None):
         if args.report:
             report(args.report)
             return 0
+        inspect = next((flag for flag in ("analyze", "evaluate", "plot") if getattr(args, flag)), None)
+        if inspect and not args.out:
+            raise UsageError(f"--{inspect} needs --out DIR (or --resume DIR), a run directory with a checkpoint")
         if args.analyze:
-            if not args.out:
-                raise UsageError("--analyze needs --out DIR, a run directory with a checkpoint")
             print(analyze(args.out, args.device, args.set))
             return 0
         if args.evaluate:
-            if not args.out:
-                raise UsageError("--evaluate needs --out DIR, a run directory with a checkpoint")
             print(json.dumps(evaluate_checkpoint(args.out, args.device, args.set)))
             return 0
         if args.plot:
-            if not args.out:
-                raise UsageError("--plot needs --out DIR (or --resume DIR), a run directory with a checkpoint")
             plot(args.out, args.device, args.example, args.task, args.model, args.set)
             return 0
         if args.example:

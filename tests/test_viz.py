@@ -342,6 +342,8 @@ def test_plot_command_writes_pngs(pairwise_run, capsys):
 
 @pytest.mark.parametrize("argv,message", [
     (["--plot"], "--plot needs --out DIR"),
+    (["--evaluate"], "--evaluate needs --out DIR"),
+    (["--analyze"], "--analyze needs --out DIR"),
     (["--plot", "--out", "/nonexistent/run"], "no run directory /nonexistent/run"),
     (["--example", "5 41"], "--example goes with --plot"),
 ])
