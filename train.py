@@ -993,6 +993,19 @@ def _parse_value(key, text, task, model=None):
         raise UsageError(f"--set {key}={text}: expected {kind}") from None
 
 
+def _parse_settings(items, task, model, allowed=None):
+    """--set KEY=VALUE strings → {key: typed value}. ``allowed``: the only keys taken (a trained run's)."""
+    settings = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise UsageError(f"--set expects KEY=VALUE, got {item!r}")
+        if allowed is not None and key not in allowed:
+            raise UsageError(f"--set {item}: a trained run takes only {', '.join(k + '=N' for k in allowed)}")
+        settings[key] = _parse_value(key, value, task, model)
+    return settings
+
+
 # --- checkpoints ------------------------------------------------------------------------------------------
 
 def save_atomic(path, obj):
@@ -1190,11 +1203,7 @@ def _load_run(out_dir, device, settings=()):
     ckpt = load_checkpoint(path)
     saved = dict(ckpt["config"], device=device)
     saved = {**saved.pop("model_config"), **saved}
-    for item in settings:
-        key, _, value = item.partition("=")
-        if key not in EVAL_SETTINGS or not value:
-            raise UsageError(f"--set {item}: a trained run takes only {', '.join(k + '=N' for k in EVAL_SETTINGS)}")
-        saved[key] = _parse_value(key, value, saved["task"], saved["model"])
+    saved.update(_parse_settings(settings, saved["task"], saved["model"], allowed=EVAL_SETTINGS))
     cfg = make_config(saved.pop("task"), saved.pop("model"), saved.pop("preset"), **saved)
     fam = family_of(cfg.task)(cfg)
     fam.load_task()
@@ -1320,12 +1329,7 @@ def main(argv=None):
         family_of(args.task)
         if args.device not in ("cpu", "gpu"):
             raise UsageError(f"unknown device {args.device!r}; valid devices: cpu, gpu")
-        overrides = {}
-        for item in args.set:
-            if "=" not in item:
-                raise UsageError(f"--set expects KEY=VALUE, got {item!r}")
-            key, value = item.split("=", 1)
-            overrides[key] = _parse_value(key, value, args.task, args.model)
+        overrides = _parse_settings(args.set, args.task, args.model)
         flags = dict(seed=args.seed, device=args.device, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                      eval_every=args.eval_every, searches=args.searches, retrievals=args.retrievals,
                      ood=args.ood or None, split=args.split, train_size=args.train_size)
