@@ -859,7 +859,9 @@ def _main(argv=None) -> int:
             for k, s in task.splits.items():
                 hist = ", ".join(f"{d}: {c}" for d, c in zip(*np.unique(s.depths, return_counts=True)))
                 n = s.inputs.lengths
-                print(f"{k:>6}: {len(s):>9,} samples, {n.min()}-{n.max()} tokens, paper depth {{{hist}}}")
+                majority = np.bincount(s.labels).max() / len(s)   # what always answering one class scores
+                print(f"{k:>6}: {len(s):>9,} samples, {n.min()}-{n.max()} tokens, paper depth {{{hist}}}, "
+                      f"majority class {majority:.3f}")
         else:
             os.makedirs(args.out, exist_ok=True)
             for k, s in task.splits.items():

@@ -471,7 +471,11 @@ def test_cli_export_and_stats(ctl, cache, tmp_path, capsys):
     assert ctl_eval(inp.split(), backward=True)[0] == int(label, 2)
     assert sorted(os.listdir(tmp_path)) == ["iid.tsv", "test.tsv", "train.tsv", "valid.tsv"]
     assert tasks._main(["stats", "--task", "ctl", "--cache-dir", cache]) == 0
-    assert "53,704" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "53,704" in out
+    iid = ctl.splits["iid"]
+    assert f"majority class {np.bincount(iid.labels).max() / len(iid):.3f}" in next(
+        line for line in out.splitlines() if line.strip().startswith("iid:"))
 
 
 def test_cli_unknown_task():
