@@ -1165,7 +1165,7 @@ def train(cfg, out_dir, resume=False, progress=True):
 
 def report(paths):
     """Markdown table of finished runs (their results.json) and each run's learning curve."""
-    rows, curves = [], []
+    rows, curves, groups = [], [], {}
     for d in paths:
         f = os.path.join(d, "results.json")
         if not os.path.exists(f):
@@ -1177,6 +1177,9 @@ def report(paths):
         task = f"{r['task']} ({data}{', ood' if mc.get('ood') else ''})" if data else r["task"]
         rows.append(f"| {task} | {r['model']} | {r['preset']} | {r['seed']} | {r['steps']} | {m} | "
                     f"{r['best_step']} | {r['wall_s'] / 60:.1f} min | {r['ms_per_step']:.0f} |")
+        # runs that differ only in their seed (and device) are seeds of one experiment
+        same = json.dumps({k: v for k, v in r["config"].items() if k not in ("seed", "device")}, sort_keys=True)
+        groups.setdefault(same, (task, r, []))[2].append(r)
         log = [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))]
         keys = [k for k in log[-1] if k not in ("step", "wall_s")]
         curves.append(f"\n{r['task']} / {r['model']} (seed {r['seed']}):\n\n| step | " + " | ".join(keys) +
@@ -1185,6 +1188,16 @@ def report(paths):
     print("| task | model | preset | seed | steps | metrics | best step | train time | ms/step |")
     print("|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
+    seeded = [(task, r, runs) for task, r, runs in groups.values() if len(runs) > 1]
+    if seeded:   # the papers report mean ± std over seeds; std here is the sample std (n − 1)
+        print("\nOver seeds (mean ± sample std):\n\n| task | model | preset | steps | seeds | metrics |\n"
+              "|---|---|---|---|---|---|")
+        for task, r, runs in seeded:
+            values = {k: [x["metrics"].get(k) for x in runs] for k in r["metrics"]}
+            m = ", ".join(f"{k} {np.mean(v):.3f} ± {np.std(v, ddof=1):.3f}" for k, v in values.items()
+                          if all(isinstance(x, float) for x in v))
+            print(f"| {task} | {r['model']} | {r['preset']} | {r['steps']} | "
+                  f"{', '.join(str(x['seed']) for x in runs)} | {m} |")
     print("\n".join(curves))
 
 
@@ -1272,7 +1285,7 @@ def parse_args(argv=None):
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override any setting, e.g. --set d_model=64 --set n_steps=10 --set batching=random")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
-    ap.add_argument("--report", nargs="+", metavar="DIR", help="print a markdown table of finished runs and exit")
+    ap.add_argument("--report", nargs="+", metavar="DIR", help="print a markdown table of finished runs (and mean ± std over the seeds of one experiment) and exit")
     ap.add_argument("--analyze", action="store_true", help="print the analysis of the checkpoint in --out and exit "
                     "(retrieval: the value-score table of paper Fig. 5)")
     ap.add_argument("--evaluate", action="store_true", help="evaluate the checkpoint in --out on every split and "

@@ -182,4 +182,21 @@ def test_default_run_directory_names_the_data_options(tmp_path, capsys, monkeypa
     table = capsys.readouterr().out
     assert "| pairwise (train_size 20) | abstractor-simplified | cpu | 0 | 2 |" in table
     assert "| pairwise (train_size 30) |" in table and table.count("| step |") == 2
+    assert "Over seeds" not in table   # two training-set sizes are two experiments, not two seeds of one
     assert train.main(["--report", str(tmp_path)]) == 2 and "no results.json" in capsys.readouterr().err
+
+
+def test_report_gives_mean_and_std_over_the_seeds_of_one_experiment(tmp_path, capsys):
+    argv = ["--task", "pairwise", "--model", "abstractor-simplified", "--train-size", "20", "--steps", "2",
+            "--eval-every", "2", "--no-progress"]
+    dirs = [str(tmp_path / f"s{seed}") for seed in (0, 1, 2)]
+    for seed, d in enumerate(dirs):
+        assert run(argv + ["--seed", str(seed), "--out", d], capsys)[0] == 0
+    other = str(tmp_path / "longer")   # a different number of steps: another experiment, its own row
+    assert run(argv + ["--steps", "4", "--out", other], capsys)[0] == 0
+    assert train.main(["--report"] + dirs + [other]) == 0
+    seeded = [line for line in capsys.readouterr().out.split("Over seeds")[1].splitlines() if "| pairwise" in line]
+    test = [json.load(open(os.path.join(d, "results.json")))["metrics"]["test"] for d in dirs]
+    assert len(set(test)) > 1   # the seeds differ, so the std below is not trivially 0
+    assert len(seeded) == 1 and "| 2 | 0, 1, 2 | " in seeded[0]
+    assert f"test {np.mean(test):.3f} ± {np.std(test, ddof=1):.3f}" in seeded[0]
