@@ -1285,7 +1285,9 @@ def parse_args(argv=None):
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override any setting, e.g. --set d_model=64 --set n_steps=10 --set batching=random")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
-    ap.add_argument("--report", nargs="+", metavar="DIR", help="print a markdown table of finished runs (and mean ± std over the seeds of one experiment) and exit")
+    ap.add_argument("--report", nargs="+", metavar="DIR",
+                    help="print a markdown table of finished runs (and mean ± std over the seeds of one experiment) "
+                         "and exit")
     ap.add_argument("--analyze", action="store_true", help="print the analysis of the checkpoint in --out and exit "
                     "(retrieval: the value-score table of paper Fig. 5)")
     ap.add_argument("--evaluate", action="store_true", help="evaluate the checkpoint in --out on every split and "
