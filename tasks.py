@@ -201,9 +201,18 @@ def batches(split: ClassificationSplit, batch_size: int, rng: np.random.Generato
     mode "balanced": each batch draws one depth uniformly and batch_size samples of it with replacement.
     mode "stratified": every sample draws its depth uniformly (then a sample of it), so batches mix depths.
     All randomness comes from rng, so a seeded Generator gives the same stream. V defaults to
-    split.vocab_size.
+    split.vocab_size. Bad arguments raise ValueError here, not at the first batch.
     """
-    V = _vocab_size(split, V)
+    if mode not in ("bucketed", "random", "balanced", "stratified"):
+        raise ValueError(f"unknown batching mode {mode!r} (valid: bucketed, random, balanced, stratified)")
+    if batch_size < 1:
+        raise ValueError(f"batch size must be ≥ 1, got {batch_size}")
+    if mode == "bucketed" and len(split) < batch_size:
+        raise ValueError(f"split of {len(split)} samples is smaller than one batch of {batch_size}")
+    return _batches(split, batch_size, rng, mode, _vocab_size(split, V))
+
+
+def _batches(split, batch_size, rng, mode, V):
     inputs, labels, N = split.inputs, split.labels, len(split)
     as_ragged = inputs if isinstance(inputs, Ragged) else Ragged.from_list(list(inputs))
     if mode == "random":
@@ -221,11 +230,7 @@ def batches(split: ClassificationSplit, batch_size: int, rng: np.random.Generato
             g = rng.integers(len(sizes)) if mode == "balanced" else rng.integers(0, len(sizes), batch_size)
             idx = by_depth[starts[g] + rng.integers(0, sizes[g], batch_size)]    # with replacement
             yield (*_collate_ragged(as_ragged, idx, V), labels[idx])
-    if mode != "bucketed":
-        raise ValueError(f"unknown batching mode {mode!r} (valid: bucketed, random, balanced, stratified)")
-    if N < batch_size:
-        raise ValueError(f"split of {N} samples is smaller than one batch of {batch_size}")
-    lengths = as_ragged.lengths
+    lengths = as_ragged.lengths                                           # mode "bucketed"
     n_batches = N // batch_size
     while True:
         perm = rng.permutation(N)[:n_batches * batch_size]                # shuffle, drop the remainder

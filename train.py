@@ -259,7 +259,10 @@ class ClassificationFamily(Family):
             raise UsageError(str(e)) from None
 
     def batches(self, rng):
-        return tasks.batches(self.task.splits["train"], self.cfg.batch_size, rng, self.cfg.batching)
+        try:
+            return tasks.batches(self.task.splits["train"], self.cfg.batch_size, rng, self.cfg.batching)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
 
     def _to_device(self, batch):
         return [backend.to_device(a, self.cfg.device) for a in batch]
@@ -965,6 +968,12 @@ def make_config(task, model, preset="cpu", **overrides):
             setattr(cfg, key, value)
         else:
             raise UsageError(f"unknown setting {key!r}; valid: {', '.join(sorted(model_fields | set(_run_fields())))}")
+    for key in ("steps", "batch_size", "lr", "eval_every", "eval_batch_size"):   # a count or a rate: > 0
+        if getattr(cfg, key) is not None and not getattr(cfg, key) > 0:         # None: set from epochs later
+            raise UsageError(f"{key} must be positive, got {getattr(cfg, key)}")
+    for key in ("weight_decay", "grad_clip"):                                    # 0 switches them off
+        if getattr(cfg, key) < 0:
+            raise UsageError(f"{key} must be ≥ 0, got {getattr(cfg, key)}")
     return cfg
 
 

@@ -33,6 +33,21 @@ def test_unknown_names_exit_2_with_the_valid_ones(flag, value, valid, capsys, tm
     assert code == 2 and valid in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--batch-size", "-3"], "batch_size must be positive, got -3"),
+    (["--steps", "0"], "steps must be positive, got 0"),
+    (["--lr", "-1"], "lr must be positive, got -1.0"),
+    (["--eval-every", "0"], "eval_every must be positive"),
+    (["--set", "grad_clip=-1"], "grad_clip must be ≥ 0"),
+    (["--set", "batching=sideways"], "unknown batching mode 'sideways' (valid: bucketed, random"),
+    (["--batch-size", "60000", "--set", "batching=bucketed"], "53704 samples is smaller than one batch of 60000"),
+])
+def test_bad_run_settings_exit_2_before_training(args, message, capsys, tmp_path):
+    code, err = run(["--task", "ctl", "--no-progress", "--out", str(tmp_path)] + args, capsys)
+    assert code == 2 and message in err and err.count("\n") == 1
+    assert not os.path.exists(tmp_path / "checkpoint.pkl")
+
+
 def test_gpu_without_cupy_exits_2_with_the_install_hint(tmp_path):
     if backend.gpu_available():
         pytest.skip("a GPU is present")
