@@ -134,6 +134,13 @@ def _children(name, v, kind):
 
 # --- initialisers (host NumPy; fans as in PyTorch) --------------------------------------------------
 
+def head_size(d_model, n_head):
+    """The width d_model / n_head of one attention head; a clear error where the heads do not fit."""
+    if n_head < 1 or d_model < 1 or d_model % n_head:
+        raise ValueError(f"d_model {d_model} must be a positive multiple of n_head {n_head}")
+    return d_model // n_head
+
+
 def uniform(rng, shape, bound):
     return rng.uniform(-bound, bound, size=shape).astype(backend.DEFAULT_DTYPE)
 
@@ -149,6 +156,8 @@ class Linear(Module):
 
     def __init__(self, d_in, d_out, bias=True, rng=None, weight=None):
         rng = rng or np.random.default_rng(0)
+        if d_in < 1 or d_out < 1:
+            raise ValueError(f"Linear({d_in}, {d_out}): sizes must be ≥ 1")
         bound = 1 / math.sqrt(d_in)
         self.weight = Parameter(weight if weight is not None else uniform(rng, (d_in, d_out), bound))
         self.bias = Parameter(uniform(rng, (d_out,), bound)) if bias else None
@@ -167,6 +176,8 @@ class Embedding(Module):
 
     def __init__(self, n, d, rng=None, weight=None):
         rng = rng or np.random.default_rng(0)
+        if n < 1 or d < 1:
+            raise ValueError(f"Embedding({n}, {d}): sizes must be ≥ 1")
         if weight is None:
             weight = rng.standard_normal((n, d)).astype(backend.DEFAULT_DTYPE)
         self.weight = Parameter(weight)
@@ -189,6 +200,8 @@ class Dropout(Module):
     """Inverted dropout drawing from ``self.rng`` (set by ``Module.set_rng``); off in eval."""
 
     def __init__(self, p, rng=None):
+        if not 0 <= p < 1:   # checked here too, so a bad setting fails when the model is built
+            raise ValueError(f"dropout probability must be in [0, 1), got {p}")
         self.p, self.rng = p, rng
 
     def forward(self, x):

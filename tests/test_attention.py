@@ -143,3 +143,20 @@ def test_gate_starts_nearly_closed_and_gate_dropout_closes_whole_columns():
 def test_unknown_model_is_a_clear_error():
     with pytest.raises(ValueError, match="valid models: transformer, "):
         Classifier("lstm-transformer", 19, 8, EncoderConfig())
+
+
+@pytest.mark.parametrize("attention", [MultiHeadAttention, RelativeMultiHeadAttention, GeometricAttention])
+@pytest.mark.parametrize("d_model,n_head", [(10, 3), (8, 0), (0, 1)])
+def test_heads_that_do_not_fit_the_model_width_are_a_value_error(attention, d_model, n_head):
+    with pytest.raises(ValueError, match=f"d_model {d_model} must be a positive multiple of n_head {n_head}"):
+        attention(d_model, n_head)
+
+
+@pytest.mark.parametrize("setting,message", [
+    ({"n_steps": 0}, "n_steps ≥ 1"), ({"d_model": -4}, "d_model ≥ 1"), ({"dropout": 1.5}, "dropout probability"),
+    ({"d_ff": 0}, "sizes must be ≥ 1"),
+])
+def test_encoder_settings_out_of_range_are_a_value_error_when_the_model_is_built(setting, message):
+    cfg = EncoderConfig(**{"d_model": 8, "d_ff": 8, "n_steps": 2, **setting})
+    with pytest.raises(ValueError, match=message):
+        Classifier("ndr", 19, 8, cfg)

@@ -41,8 +41,11 @@ def test_unknown_names_exit_2_with_the_valid_ones(flag, value, valid, capsys, tm
     (["--set", "grad_clip=-1"], "grad_clip must be ≥ 0"),
     (["--set", "batching=sideways"], "unknown batching mode 'sideways' (valid: bucketed, random"),
     (["--batch-size", "60000", "--set", "batching=bucketed"], "53704 samples is smaller than one batch of 60000"),
+    (["--set", "n_head=3"], "d_model 128 must be a positive multiple of n_head 3"),
+    (["--set", "n_steps=0"], "n_steps ≥ 1"),
+    (["--set", "dropout=1.5"], "dropout probability must be in [0, 1), got 1.5"),
 ])
-def test_bad_run_settings_exit_2_before_training(args, message, capsys, tmp_path):
+def test_bad_settings_exit_2_before_training(args, message, capsys, tmp_path):
     code, err = run(["--task", "ctl", "--no-progress", "--out", str(tmp_path)] + args, capsys)
     assert code == 2 and message in err and err.count("\n") == 1
     assert not os.path.exists(tmp_path / "checkpoint.pkl")

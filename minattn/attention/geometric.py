@@ -25,7 +25,7 @@ import numpy as np
 from .. import backend
 from .. import functional as F
 from ..engine import Function
-from ..nn import Dropout, Linear, Module, Parameter, uniform
+from ..nn import Dropout, Linear, Module, Parameter, head_size, uniform
 
 MASKED = -1e9  # substitute logit for masked keys: σ = 0 exactly, log(1 − σ) = 0 exactly
 
@@ -95,8 +95,7 @@ class GeometricAttention(Module):
 
     def __init__(self, d_model, n_head=1, attention_dropout=0.0, normalize=False, rng=None):
         rng = rng or np.random.default_rng(0)
-        assert d_model % n_head == 0, "d_model must be divisible by n_head"
-        self.n_head, self.d_head = n_head, d_model // n_head
+        self.n_head, self.d_head = n_head, head_size(d_model, n_head)
         self.normalize = normalize
         bound = math.sqrt(6.0 / (d_model + self.d_head))  # the code's init: fans (d, d_h) for every matrix
         self.w_qkv = Parameter(uniform(rng, (d_model, 3 * d_model), bound))   # [W_q | W_k | W_v], no bias

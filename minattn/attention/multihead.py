@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import backend
 from .. import functional as F
-from ..nn import Dropout, Linear, Module, Parameter, xavier_uniform
+from ..nn import Dropout, Linear, Module, Parameter, head_size, xavier_uniform
 
 MASKED = -1e9
 
@@ -46,8 +46,7 @@ class MultiHeadAttention(Module):
         """``d_head`` (default d_model / n_head) and ``bias`` (on q, k, v and o, initialised to 0) give
         the Keras layer of the Abstractor code, whose heads are each d_model wide (abstractor.md §5)."""
         rng = rng or np.random.default_rng(0)
-        assert d_head or d_model % n_head == 0, "d_model must be divisible by n_head"
-        self.n_head, self.d_head = n_head, d_head or d_model // n_head
+        self.n_head, self.d_head = n_head, d_head or head_size(d_model, n_head)
         inner = n_head * self.d_head
         self.w_q = Parameter(xavier_uniform(rng, d_model, inner))
         self.w_kv = Parameter(xavier_uniform(rng, d_model, 2 * inner))   # fused [W_k | W_v]

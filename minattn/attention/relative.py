@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import backend
 from .. import functional as F
-from ..nn import Dropout, Linear, Module, Parameter, sinusoidal_positions, xavier_uniform
+from ..nn import Dropout, Linear, Module, Parameter, head_size, sinusoidal_positions, xavier_uniform
 from .multihead import masked_softmax
 
 
@@ -28,8 +28,7 @@ class RelativeMultiHeadAttention(Module):
 
     def __init__(self, d_model, n_head, attention_dropout=0.0, abs_gate=False, rng=None):
         rng = rng or np.random.default_rng(0)
-        assert d_model % n_head == 0, "d_model must be divisible by n_head"
-        self.d_model, self.n_head, self.d_head = d_model, n_head, d_model // n_head
+        self.d_model, self.n_head, self.d_head = d_model, n_head, head_size(d_model, n_head)
         self.w_q = Parameter(xavier_uniform(rng, d_model, d_model))
         self.w_kv = Parameter(xavier_uniform(rng, d_model, 2 * d_model))   # fused [W_k | W_v]
         self.w_r = Parameter(xavier_uniform(rng, d_model, d_model))        # W_R: positions -> per-head keys
