@@ -1179,7 +1179,18 @@ def report(paths):
         f = os.path.join(d, "results.json")
         if not os.path.exists(f):
             raise UsageError(f"{d} has no results.json (is the run finished?)")
-        r = json.load(open(f))
+        try:
+            with open(f) as fh:
+                r = json.load(fh)
+            with open(os.path.join(d, "metrics.jsonl")) as fh:
+                log = [json.loads(line) for line in fh if line.strip()]
+        except (OSError, ValueError) as e:
+            raise UsageError(f"{d} does not hold a readable run ({e.__class__.__name__}: {e})") from None
+        needed = ("task", "model", "preset", "seed", "steps", "metrics", "best_step", "wall_s", "ms_per_step", "config")
+        missing = set(needed) - set(r if isinstance(r, dict) else ())
+        if missing or not log:
+            raise UsageError(f"{d}: results.json lacks {', '.join(sorted(missing))}" if missing else
+                             f"{d}: metrics.jsonl is empty")
         m = ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in r["metrics"].items())
         mc = r["config"].get("model_config", {})   # the data options that tell runs of one task apart
         data = ", ".join(f"{k} {mc[k]}" for k in ("split", "train_size", "searches", "retrievals") if mc.get(k))
@@ -1189,7 +1200,6 @@ def report(paths):
         # runs that differ only in their seed (and device) are seeds of one experiment
         same = json.dumps({k: v for k, v in r["config"].items() if k not in ("seed", "device")}, sort_keys=True)
         groups.setdefault(same, (task, r, []))[2].append(r)
-        log = [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))]
         keys = [k for k in log[-1] if k not in ("step", "wall_s")]
         curves.append(f"\n{r['task']} / {r['model']} (seed {r['seed']}):\n\n| step | " + " | ".join(keys) +
                       " |\n|" + "---|" * (len(keys) + 1) + "\n" +

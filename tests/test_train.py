@@ -202,6 +202,11 @@ def test_default_run_directory_names_the_data_options(tmp_path, capsys, monkeypa
     assert "| pairwise (train_size 30) |" in table and table.count("| step |") == 2
     assert "Over seeds" not in table   # two training-set sizes are two experiments, not two seeds of one
     assert train.main(["--report", str(tmp_path)]) == 2 and "no results.json" in capsys.readouterr().err
+    run_dir = tmp_path / "runs" / "pairwise-n20-abstractor-simplified-cpu-s0"
+    (run_dir / "results.json").write_text("{")                     # a truncated file
+    assert train.main(["--report", str(run_dir)]) == 2 and "does not hold a readable run" in capsys.readouterr().err
+    (run_dir / "results.json").write_text('{"task": "pairwise"}')  # not a results file of ours
+    assert train.main(["--report", str(run_dir)]) == 2 and "results.json lacks best_step" in capsys.readouterr().err
 
 
 def test_report_gives_mean_and_std_over_the_seeds_of_one_experiment(tmp_path, capsys):
