@@ -969,11 +969,13 @@ def make_config(task, model, preset="cpu", **overrides):
         else:
             raise UsageError(f"unknown setting {key!r}; valid: {', '.join(sorted(model_fields | set(_run_fields())))}")
     for key in ("steps", "batch_size", "lr", "eval_every", "eval_batch_size"):   # a count or a rate: > 0
-        if getattr(cfg, key) is not None and not getattr(cfg, key) > 0:         # None: set from epochs later
-            raise UsageError(f"{key} must be positive, got {getattr(cfg, key)}")
+        value = getattr(cfg, key)
+        if value is not None and not value > 0:                                  # None: set from epochs later
+            raise UsageError(f"{key} must be positive, got {value}")
     for key in ("weight_decay", "grad_clip"):                                    # 0 switches them off
-        if getattr(cfg, key) < 0:
-            raise UsageError(f"{key} must be ≥ 0, got {getattr(cfg, key)}")
+        value = getattr(cfg, key)
+        if value < 0:
+            raise UsageError(f"{key} must be ≥ 0, got {value}")
     return cfg
 
 
