@@ -126,9 +126,12 @@ class Tensor:
     def backward(self, grad=None):
         """Accumulate d(self)/d(leaf) · grad into every leaf's ``.grad`` and free the graph.
 
-        ``grad`` defaults to ones (the usual case: a scalar loss). Gradients are summed
-        out of place unless the engine owns the buffer, so a backward never writes into an array
-        that another tensor or the caller still holds.
+        ``grad`` defaults to ones (the usual case: a scalar loss). Gradient buffers are shared
+        freely: an op that passes its gradient through (add, reshape, broadcast...) hands one array
+        to several inputs, and ``grad`` itself belongs to the caller. So a tensor's incoming
+        gradients are summed in place only into a buffer the engine made for that same tensor (the
+        first sum makes it; later ones reuse it), and a leaf keeps a gradient as its ``.grad`` only
+        if the buffer is its own, else a copy. No array is ever the ``.grad`` of two leaves.
         """
         if not self.requires_grad:
             raise RuntimeError("backward() on a tensor that does not require grad "
@@ -153,7 +156,9 @@ class Tensor:
             i += 1
         nodes.sort(key=_by_seq, reverse=True)
 
-        owned = set()  # ids of gradient buffers the engine allocated (safe to add into in place)
+        # The tensors (alive in ``nodes`` until we return, so their ids stay theirs) whose ``_g`` is a
+        # buffer the engine allocated for them alone: only those are added into in place.
+        owns = set()
         self._g = grad
         try:
             for node in nodes:
@@ -163,7 +168,7 @@ class Tensor:
                 fn = node.creator
                 if fn is None:  # a leaf: store or accumulate, never aliasing an array held elsewhere
                     if node.grad is None:
-                        node.grad = g if id(g) in owned else g.copy()
+                        node.grad = g if id(node) in owns else g.copy()
                     else:
                         node.grad = node.grad + g
                     continue
@@ -187,12 +192,12 @@ class Tensor:
                                         f"for a {data.dtype} input")
                     prev = t._g
                     if prev is None:
-                        t._g = gx
-                    elif id(prev) in owned:
-                        prev += gx  # in place into a buffer the engine made
+                        t._g = gx    # maybe shared with other inputs of fn: never written into
+                    elif id(t) in owns:
+                        prev += gx   # in place: this buffer was made for t alone
                     else:
                         t._g = prev + gx
-                        owned.add(id(t._g))
+                        owns.add(id(t))
                 fn.inputs = None
         except BaseException:
             for node in nodes:
