@@ -12,7 +12,7 @@ speed; ``tests/test_ops.py`` checks them against their composite definitions.
 """
 import numpy as np
 
-from .backend import array_module
+from .backend import array_module, device_of, to_device
 from .engine import Function, Tensor
 
 
@@ -675,8 +675,6 @@ class CrossEntropy(Function):
         if t.shape != x.shape[:-1]:
             raise ValueError(f"cross_entropy: targets shape {t.shape} does not match logits {x.shape[:-1]}")
         valid = t != self.ignore_index if self.ignore_index is not None else xp.ones(t.shape, dtype=bool)
-        if xp is np and (valid.any() and (t[valid].min() < 0 or t[valid].max() >= C)):
-            raise ValueError(f"cross_entropy: target out of range [0, {C})")
         t = xp.where(valid, t, 0)
         self.lse = _logsumexp(x, -1)
         self.onehot = t[..., None] == xp.arange(C)
@@ -727,7 +725,10 @@ def log_softmax(x, axis=-1):
 
 
 def cross_entropy(logits, targets, ignore_index=None):
-    return CrossEntropy(targets.data if isinstance(targets, Tensor) else targets, ignore_index)(logits)
+    """See ``CrossEntropy``. Host (NumPy) targets are range-checked, then moved to the logits' device."""
+    targets = targets.data if isinstance(targets, Tensor) else targets
+    targets = _checked_ids(targets, logits.shape[-1], "cross_entropy: target", logits, ignore_index)
+    return CrossEntropy(targets, ignore_index)(logits)
 
 
 def layer_norm_fused(x, weight, bias, eps=1e-5):
@@ -772,14 +773,30 @@ class StraightThrough(Function):
         return gy
 
 
+def check_ids(ids, n, what="id", ignore_index=None):
+    """Raise ValueError unless the integer HOST array ``ids`` lies in [0, n) (``ignore_index`` aside).
+
+    Out-of-range ids must be caught on the host: CuPy's indexing wraps them around silently, and
+    checking a device array would cost a host sync per batch. So check a batch before uploading it
+    (``embedding`` and ``cross_entropy`` do it themselves for host arrays they are given)."""
+    if ids.dtype.kind not in "iu":
+        raise TypeError(f"{what}s must be integers, got {ids.dtype}")
+    valid = ids[ids != ignore_index] if ignore_index is not None else ids
+    if valid.size and (valid.min() < 0 or valid.max() >= n):
+        raise ValueError(f"{what} out of range: must lie in [0, {n}), got [{valid.min()}, {valid.max()}]")
+
+
+def _checked_ids(ids, n, what, like, ignore_index=None):
+    """Host ids: checked, then moved to the device of ``like`` (a Tensor). Device ids pass unchecked."""
+    if type(ids) is not np.ndarray:
+        return ids
+    check_ids(ids, n, what, ignore_index)
+    return to_device(ids, device_of(like.data)) if device_of(like.data) != "cpu" else ids
+
+
 def embedding(weight, ids):
-    ids = ids.data if isinstance(ids, Tensor) else ids
-    if array_module(ids) is np and ids.size:
-        if ids.dtype.kind not in "iu":
-            raise TypeError(f"embedding: ids must be integers, got {ids.dtype}")
-        if ids.min() < 0 or ids.max() >= weight.shape[0]:
-            raise ValueError(f"embedding: token id out of vocabulary: ids must lie in [0, {weight.shape[0]}), "
-                             f"got [{ids.min()}, {ids.max()}]")
+    """weight[ids]. ``ids`` may be a host array whatever the weight's device (checked, then uploaded)."""
+    ids = _checked_ids(ids.data if isinstance(ids, Tensor) else ids, weight.shape[0], "embedding: token id", weight)
     return Embedding(ids)(weight)
 
 

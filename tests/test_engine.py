@@ -181,8 +181,24 @@ def test_cross_entropy_rejects_bad_targets():
 
 
 def test_embedding_rejects_out_of_vocabulary_ids():
-    with pytest.raises(ValueError, match="out of vocabulary"):
+    with pytest.raises(ValueError, match=r"token id out of range: must lie in \[0, 4\), got \[0, 4\]"):
         F.embedding(Tensor(np.zeros((4, 2))), np.array([0, 4]))
+    with pytest.raises(TypeError, match="integers"):
+        F.embedding(Tensor(np.zeros((4, 2))), np.array([0.0, 1.0]))
+
+
+def test_out_of_range_ids_and_targets_fail_on_every_device(device):
+    """CuPy's indexing wraps an id of -1 or n around silently, so ids are checked on the host, before
+    upload: host ids are accepted on every device, checked, then moved to the weights' device."""
+    w = Tensor(backend.to_device(np.arange(8.0).reshape(4, 2), device), requires_grad=True)
+    for bad_id, bad_target in ((4, 2), (-1, -1)):   # w as logits: 4 rows, 2 classes
+        with pytest.raises(ValueError, match="token id out of range"):
+            F.embedding(w, np.array([0, bad_id]))
+        with pytest.raises(ValueError, match="target out of range"):
+            F.cross_entropy(w, np.array([0, 1, bad_target, 1]))
+    np.testing.assert_array_equal(backend.to_numpy(F.embedding(w, np.array([3, 0])).data), [[6, 7], [0, 1]])
+    loss = F.cross_entropy(w, np.array([1, -1, 0, 1]), ignore_index=-1)   # -1 ignored: no error
+    assert backend.device_of(loss.data) == device
 
 
 # --- Gumbel-softmax straight-through ---------------------------------------------------------------
