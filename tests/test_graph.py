@@ -51,7 +51,7 @@ def _broadcastable(a, b):
 class Program:
     """A random DAG over ``n_leaves`` leaves, generated from ``seed`` and replayable on any leaves."""
 
-    def __init__(self, seed, n_ops=14):
+    def __init__(self, seed, n_ops=24):
         rng = np.random.default_rng(seed)
         self.seed = seed
         shapes = [(2, 3), (3,), (2, 1), (4, 3), (1, 3), (3, 2)]
@@ -61,8 +61,9 @@ class Program:
         self.steps = []          # (op name, input node ids, params)
         node_shapes = list(self.leaf_shapes)
         ops = list(BUILDERS)
+        weights = np.array([WEIGHTS.get(name, 1.0) for name in ops])
         while len(self.steps) < n_ops:
-            name = ops[rng.integers(len(ops))]
+            name = ops[rng.choice(len(ops), p=weights / weights.sum())]
             # Prefer recent nodes (deep graphs) but reuse old ones too (several consumers per node).
             made = BUILDERS[name](node_shapes, rng)
             if made is None:
@@ -148,7 +149,7 @@ OPS = {
 
 def _pick(rng, n):
     """A node index, biased towards recent nodes."""
-    return int(n - 1 - min(rng.geometric(0.35) - 1, n - 1))
+    return int(n - 1 - min(rng.geometric(0.25) - 1, n - 1))
 
 
 def _binary(shapes, rng):
@@ -232,6 +233,9 @@ BUILDERS = {
     "concat": _concat, "stack": _stack, "broadcast_to": _broadcast_to, "straight_through": _unary,
 }
 assert set(BUILDERS) == set(OPS)
+# Ops that hand one gradient buffer to two inputs (add, x + x, concat of a node with itself) are where
+# the engine's accumulation is most easily wrong: draw them more often.
+WEIGHTS = {"add": 6.0, "sub": 2.0, "concat": 2.0, "stack": 1.5, "mul": 2.0}
 
 
 def _leaves(prog, device):
