@@ -21,6 +21,7 @@ from minattn.models.transformer import CoDASeq2SeqTransformer, Seq2SeqConfig, Se
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tasks  # noqa: E402
+from minattn.data import mlu as mlu_data  # noqa: E402
 import train  # noqa: E402
 
 
@@ -256,8 +257,8 @@ def _answer(line):
 
 
 def test_mlu_examples_are_correct_and_encoded_character_by_character(mlu):
-    keys = np.ravel_multi_index((85 + 1000, -523 + 1000, 0, 1, 2), tasks.MLU_SHAPE)
-    assert [s[0] for s in tasks.mlu_strings(np.array([keys]))] == ["x=85,y=-523,x*y", "-44455"]   # spec §5
+    keys = np.ravel_multi_index((85 + 1000, -523 + 1000, 0, 1, 2), mlu_data.MLU_SHAPE)
+    assert [s[0] for s in mlu_data.mlu_strings(np.array([keys]))] == ["x=85,y=-523,x*y", "-44455"]   # spec §5
     assert (len(mlu.in_vocab) - 1, len(mlu.out_vocab) - 3) == (17, 11)
     assert mlu.in_vocab.index("<pad>") == mlu.out_vocab.index("<pad>") == train.MLUFamily.PAD
     for name, split in mlu.splits.items():

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import tasks
+from minattn.data import retrieval  # noqa: E402
 import train
 from minattn.attention.compositional import CompositionalAttention
 from minattn.attention.multihead import MultiHeadAttention
@@ -189,7 +190,7 @@ def brute_force_labels(x, S, R):
             for s in range(S):
                 r = int(np.argmax(x[b, i, S + R + s * R:S + R + (s + 1) * R]))     # one-hot, search-major
                 nearest = min((j for j in range(N) if j != i), key=lambda j: abs(float(x[b, j, s]) - float(x[b, i, s])))
-                y[b, i] += tasks.RETRIEVAL_ALPHAS[s] * x[b, nearest, S + r]
+                y[b, i] += retrieval.RETRIEVAL_ALPHAS[s] * x[b, nearest, S + r]
     return y
 
 
@@ -256,7 +257,7 @@ def test_unknown_pool_and_empty_test_pool_are_clear_errors():
     (3, 3, 21, 6, None), (4, 8, 3_276, 820, None), (4, 16, 52_428, 13_108, None), (1, 2, 1, 1, [(1,)]),
 ])
 def test_ood_split_reproduces_the_worked_examples(S, R, n_train, n_test, test):
-    tr, te = tasks.retrieval_combinations(S, R)
+    tr, te = retrieval.retrieval_combinations(S, R)
     assert (len(tr), len(te)) == (n_train, n_test)
     if test is not None:
         assert list(map(tuple, te.tolist())) == test

@@ -11,6 +11,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tasks  # noqa: E402
+from minattn.data import seq2seq  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -45,7 +46,7 @@ def test_lookup_rule_built_splits_match_sample1(lookup, name):
 
 def _compose(bits, tables):
     """Independent of the generator: tables as permutation lists indexed by the integer value."""
-    perms = {t: [int(v, 2) for v in row.split()] for t, row in tasks.LOOKUP_TABLES.items()}
+    perms = {t: [int(v, 2) for v in row.split()] for t, row in seq2seq.LOOKUP_TABLES.items()}
     x, out = int(bits, 2), [bits]
     for t in tables:
         x = perms[t][x]
@@ -54,7 +55,7 @@ def _compose(bits, tables):
 
 
 def test_lookup_every_line_is_a_correct_composition(lookup):
-    assert tasks.lookup_example("100", ["t3", "t1"])[2] == "100 t3 t1 .\t100 011 010\t0 1 2 3"  # spec §2.2
+    assert seq2seq.lookup_example("100", ["t3", "t1"])[2] == "100 t3 t1 .\t100 011 010\t0 1 2 3"  # spec §2.2
     for name, split in lookup.splits.items():
         for line, x, y in zip(split.lines, split.inputs, split.targets):
             src, tgt, attn = line.split("\t")
@@ -145,8 +146,8 @@ CUTOFFS = {  # spec §3.5 (pool in C-sorted order): K -> train / iid / ood (line
 
 
 def test_scan_grammar_gives_the_20910_reference_commands():
-    pairs = tasks.scan_commands()
-    lines = [tasks.scan_line(p) for p in pairs]
+    pairs = seq2seq.scan_commands()
+    lines = [seq2seq.scan_line(p) for p in pairs]
     assert len(set(lines)) == len(lines) == 20910
     assert sorted_md5(lines) == "52d3ae22c3483a66396c82d4939f9450"
     assert max(len(c.split()) for c, _ in pairs) == 9
@@ -165,17 +166,17 @@ def test_scan_rule_splits_match_the_reference_files(split):
     assert {k: (len(s), sorted_md5(s.lines)) for k, s in task.splits.items()} == SCAN_FILES[split]
 
 
-@pytest.mark.parametrize("k", tasks.SCAN_CUTOFFS)
+@pytest.mark.parametrize("k", seq2seq.SCAN_CUTOFFS)
 def test_scan_length_cutoff_resplits(k):
     got = tasks.scan_split(f"length_cutoff_{k}")
-    lines = {name: [tasks.scan_line(p) for p in got[name]] for name in ("train", "iid", "test")}
+    lines = {name: [seq2seq.scan_line(p) for p in got[name]] for name in ("train", "iid", "test")}
     assert tuple((len(v), sorted_md5(v)) for v in lines.values()) == CUTOFFS[k]
 
 
 def test_scan_simple_split_is_a_seeded_80_20_partition():
     a, b = (tasks.scan_split("simple", seed) for seed in (0, 1))
-    all_lines = {tasks.scan_line(p) for p in tasks.scan_commands()}
-    train, test = ({tasks.scan_line(p) for p in a[k]} for k in ("train", "test"))
+    all_lines = {seq2seq.scan_line(p) for p in seq2seq.scan_commands()}
+    train, test = ({seq2seq.scan_line(p) for p in a[k]} for k in ("train", "test"))
     assert (len(a["train"]), len(a["test"])) == (len(train), len(test)) == (16728, 4182)
     assert not train & test and train | test == all_lines
     assert a == tasks.scan_split("simple", 0) and a["test"] != b["test"]
