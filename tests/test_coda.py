@@ -17,7 +17,7 @@ from minattn.attention.coda import CoDAttention, PairwiseCoDA, l1_distance, l1_d
 from minattn.attention.multihead import MultiHeadAttention
 from minattn.engine import Tensor, eval_mode, no_grad
 from minattn.gradcheck import GradcheckError, check_backward
-from minattn.models.transformer import CoDASeq2SeqTransformer, Seq2SeqConfig, Seq2SeqTransformer
+from minattn.models.transformer import CoDASeq2SeqTransformer, EncoderDecoderConfig, Seq2SeqTransformer
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tasks  # noqa: E402
@@ -119,7 +119,7 @@ def test_it_is_a_drop_in_with_the_same_parameters_and_initialisation():
     mha, cd = MultiHeadAttention(16, 4, rng=np.random.default_rng(3)), CoDAttention(16, 4, rng=np.random.default_rng(3))
     for (na, a), (nb, b) in zip(mha.named_parameters(), cd.named_parameters()):
         assert na == nb and np.array_equal(a.data, b.data)
-    cfg = Seq2SeqConfig(d_model=16, n_head=2, d_head=8, n_encoder_layers=2, n_decoder_layers=2)
+    cfg = EncoderDecoderConfig(d_model=16, n_head=2, d_head=8, n_encoder_layers=2, n_decoder_layers=2)
     soft = Seq2SeqTransformer(9, 9, cfg, n_src_tokens=12, seed=5)
     quasi = CoDASeq2SeqTransformer(9, 9, cfg, n_src_tokens=12, seed=5)
     a, b = soft.state_dict(), quasi.state_dict()

@@ -28,7 +28,7 @@ from minattn.models.abstractor import (AbstractorConfig, AbstractorLayer, Abstra
 from minattn.models.crt import MODELS as CRT_MODELS, CRTConfig, CRTModel, CRTMultiHeadAttention
 from minattn.models.seq2attn import Seq2Attn, model_config as seq2attn_config
 from minattn.models.transformer import ARCHITECTURES, Classifier, CopyGateLayer, EncoderConfig, PostLNLayer
-from minattn.models.transformer import DecoderLayer, Seq2SeqConfig, Seq2SeqTransformer, keras_attention
+from minattn.models.transformer import DecoderLayer, EncoderDecoderConfig, Seq2SeqTransformer, keras_attention
 from minattn.models.transformer import CoDASeq2SeqTransformer
 from minattn.ops import Softmax
 
@@ -279,7 +279,7 @@ def _rca(**options):
 
 
 def _decoder_layer(rng, contexts):
-    cfg = Seq2SeqConfig(**ABS)
+    cfg = EncoderDecoderConfig(**ABS)
     return DecoderLayer(cfg, rng, lambda role: keras_attention(cfg, rng), contexts)
 
 
@@ -315,7 +315,7 @@ MODULES += [
     ("DecoderLayer_multi_attention", lambda m, y, c1, c2, k: m(y, [c1, c2], k),
      lambda rng: _decoder_layer(rng, (0, 1)), inputs(N(2, 3, 8), N(2, 5, 8), N(2, 5, 8), const(ABS_MASK))),
     ("Seq2SeqTransformer", lambda m, x, t, k: m(x, t, k),
-     lambda rng: Seq2SeqTransformer(7, 6, Seq2SeqConfig(**ABS), d_src=3), ABS_SEQ),
+     lambda rng: Seq2SeqTransformer(7, 6, EncoderDecoderConfig(**ABS), d_src=3), ABS_SEQ),
     ("RelationalClassifier", lambda m, x: m(x),
      lambda rng: RelationalClassifier(4, 3, 2, SimplifiedConfig(**SIMPLE)), inputs(N(2, 3, 4))),
 ] + [
@@ -340,7 +340,7 @@ def _coda(**options):
 
 
 @dataclasses.dataclass
-class _CoDASeq2SeqConfig(CoDAConfig, Seq2SeqConfig):
+class _CoDAEncoderDecoderConfig(CoDAConfig, EncoderDecoderConfig):
     pass
 
 
@@ -377,7 +377,7 @@ MODULES += [
                                        dict(shared=True, gate="centered", center_e=True, alpha=0.7, beta=0.5))]
 ] + [
     ("CoDASeq2SeqTransformer_centered", lambda m, x, t, k: m(x, t, k),
-     lambda rng: CoDASeq2SeqTransformer(7, 6, _CoDASeq2SeqConfig(**ABS, coda_gate="centered", coda_center_e=True),
+     lambda rng: CoDASeq2SeqTransformer(7, 6, _CoDAEncoderDecoderConfig(**ABS, coda_gate="centered", coda_center_e=True),
                                         d_src=3, seed=1), ABS_SEQ),
 ]
 

@@ -30,7 +30,7 @@ from .. import functional as F
 from ..attention.relational import ACTIVATIONS, RelationalCrossAttention, SimplifiedRCA
 from ..engine import Tensor
 from ..nn import Dropout, LayerNorm, Module, Parameter, sinusoidal_positions, xavier_uniform
-from .transformer import FeedForwardBlock, Seq2SeqConfig, Seq2SeqTransformer, dense, keras_attention
+from .transformer import EncoderDecoderConfig, FeedForwardBlock, Seq2SeqTransformer, dense, keras_attention
 
 SEQ2SEQ_MODELS = ("abstractor", "abstractor-ablation", "transformer-seq2seq")
 CLASSIFIER_MODELS = ("abstractor-simplified",)
@@ -95,8 +95,8 @@ class SymbolicAttention(Module):
 # ---------------------------------------------------------------------------------------------------------
 
 @dataclass
-class AbstractorConfig(Seq2SeqConfig):
-    """The sorting Abstractor (§6.1) on top of the encoder–decoder's fields (Seq2SeqConfig)."""
+class AbstractorConfig(EncoderDecoderConfig):
+    """The sorting Abstractor (§6.1) on top of the encoder–decoder's fields (EncoderDecoderConfig)."""
     n_encoder_layers: int = 2
     n_decoder_layers: int = 2
     n_abstractor_layers: int = 2
@@ -193,9 +193,10 @@ class AbstractorSeq2Seq(Seq2SeqTransformer):
 
 
 def build_seq2seq(name, n_tgt_tokens, n_classes, cfg, d_src=None, n_src_tokens=None, seed=0):
-    """The sorting models by name (``SEQ2SEQ_MODELS``); ``transformer-seq2seq`` uses only Seq2SeqConfig fields."""
+    """The sorting models by name (``SEQ2SEQ_MODELS``); ``transformer-seq2seq`` uses only the
+    EncoderDecoderConfig fields."""
     if name == "transformer-seq2seq":
-        base = Seq2SeqConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(Seq2SeqConfig)})
+        base = EncoderDecoderConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(EncoderDecoderConfig)})
         return Seq2SeqTransformer(n_tgt_tokens, n_classes, base, d_src, n_src_tokens, seed)
     if name not in SEQ2SEQ_MODELS:
         raise ValueError(f"unknown model {name!r}; valid models: {', '.join(SEQ2SEQ_MODELS)}")

@@ -219,7 +219,7 @@ def build_classifier(name, n_tokens, n_classes, cfg, seed=0):
 # Section numbers (§) in this part are abstractor.md's.
 
 @dataclass
-class Seq2SeqConfig:
+class EncoderDecoderConfig:
     """Hyperparameters of the encoder–decoder (defaults: the sorting Transformer, abstractor.md §6.1)."""
     d_model: int = 64
     n_head: int = 2
