@@ -12,7 +12,7 @@
 | listops | Neural Data Router | evaluate nested MIN/MAX/MED/SM lists | minattn/data/listops.py |
 | lookup | seq2attn | apply lookup tables and write every intermediate result | minattn/data/seq2seq.py |
 | scan | seq2attn | translate a SCAN command into actions (one split at a time) | minattn/data/seq2seq.py |
-| retrieval | Compositional Attention | retrieve a feature of each object's nearest neighbour per search | minattn/data/retrieval.py |
+| retrieval | Compositional Attention | per search, a feature of each object's nearest neighbour | minattn/data/retrieval.py |
 | sort, pairwise, set | Abstractor | sort objects; order a pair; is a triple of cards a SET | minattn/data/objects.py |
 | mlu | CoDA | x=85,y=-523,x*y → -44455, character by character | minattn/data/mlu.py |
 
@@ -27,7 +27,8 @@ import sys
 
 from minattn.data import TASKS, get_task  # noqa: F401
 from minattn.data.base import Ragged  # noqa: F401
-from minattn.data.classification import ClassificationSplit, ClassificationTask, batches, collate, eval_batches  # noqa: F401
+from minattn.data.classification import (ClassificationSplit, ClassificationTask, batches, collate,  # noqa: F401
+                                         eval_batches)
 from minattn.data.mlu import MLUTask  # noqa: F401
 from minattn.data.objects import PairwiseOrderTask, SetTask, SortTask, epoch_batches, is_set  # noqa: F401
 from minattn.data.retrieval import RetrievalTask  # noqa: F401

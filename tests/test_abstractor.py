@@ -1,7 +1,8 @@
-"""Relational cross-attention, symbols, the Abstractor and the encoder–decoder (spec abstractor.md §1–5, §8).
+"""Relational cross-attention, symbols, the Abstractor and the encoder–decoder (docs/abstractor.md §1–5).
 
 Gradients are checked in test_gradcheck.py; here: the definitions (against naive loops), the parameter
-counts of §5, masks, causality and greedy decoding.
+counts of §5, masks, causality and greedy decoding. Section numbers (§) without "paper" are those of
+docs/abstractor.md.
 """
 import dataclasses
 
@@ -77,7 +78,7 @@ def test_symmetric_relations_are_symmetric_before_the_activation():
 
 
 def test_softmax_rca_with_zero_symbols_ignores_the_objects():
-    """The relational bottleneck (§8.4): with S ≡ 0 only b_v, W_o and b_o contribute."""
+    """The relational bottleneck (§1.1): with S ≡ 0 only b_v, W_o and b_o contribute."""
     m = randomize(RelationalCrossAttention(8, 2))
     x1, x2 = x_and_s(seed=1)[0], x_and_s(seed=2)[0]
     zeros = Tensor(np.zeros((2, 5, 8)))

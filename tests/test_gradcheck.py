@@ -153,7 +153,7 @@ def _layer(kind, attention):
     return CopyGateLayer(attention(cfg, rng), cfg, rng, tanh_out=kind == "gate-tanh")
 
 
-# Compositional attention at the spec's sizes (compositional.md §3.3): B = 2, N = 4, S = 2, R = 3, d_s = 4, d_v = 5.
+# Compositional attention at small sizes (docs/compositional.md §3): B = 2, N = 4, S = 2, R = 3, d_s = 4, d_v = 5.
 CA_MASK = np.array([[1, 1, 1, 0], [1, 1, 1, 1]], bool)
 
 
@@ -161,7 +161,7 @@ def _ca(**options):
     return lambda rng: CompositionalAttention(6, 2, 3, search_dim=8, value_dim=15, rng=rng, **options)
 
 
-# seq2attn (spec seq2attn.md §1.10): additive attention alone, then whole models on a padded batch of two
+# seq2attn (docs/seq2attn.md §1.8): additive attention alone, then whole models on a padded batch of two
 # (source lengths 4 and 3, target lengths 3 and 2, the loss summing both). Gumbel straight-through is not
 # finite-difference checkable (tests/test_seq2attn.py checks it against the soft sample), so the soft
 # sample is checked here, with its noise and the teacher-forcing draws fixed by a fresh RNG per call.
@@ -259,7 +259,7 @@ MODULES = [
 ]
 
 
-# Abstractor (spec abstractor.md §8.2): RCA with every σ_rel, symmetric or not, both scalings and masks;
+# Abstractor (docs/abstractor.md §1–4): RCA with every σ_rel, symmetric or not, both scalings and masks;
 # position-relative RCA with clipped offsets; the symbol mechanisms; the Abstractor layers (with the
 # Ablation's cross-attention); the encoder–decoder, its multi-attention decoder in both forms, and the
 # Abstractor architectures. Tiny sizes (heads 3 wide), no dropout.
@@ -328,7 +328,7 @@ MODULES += [
 ]
 
 
-# CoDA (spec coda.md §3.1): the fused L1 distance (in one block, and in blocks of query rows and of
+# CoDA (docs/coda.md §3.1): the fused L1 distance (in one block, and in blocks of query rows and of
 # (sample, head) slabs) and its composite; the Transformer form with every mask, gate, centring, temperature
 # and Table 9 composition; the pairwise form; the CoDA encoder–decoder. Random float64 inputs make ties
 # q_ic = k_jc (the kink of |·|) improbable; the pairwise rows never compare a sequence with itself.

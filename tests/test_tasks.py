@@ -1,8 +1,9 @@
-"""Tests for tasks.py: spec ndr.md §7 generators, batching (§1.1, §6.4), the disk cache and the CLI.
+"""The NDR paper's tasks (docs/ndr.md §7), batching (§1, §6), the disk cache and the tasks.py CLI.
 
 Answers are re-derived by evaluators written independently of the generators: permutation matrices for
 CTL, Python's eval for arithmetic (mod 10 commutes with + and *), and a recursive-descent parser for
 ListOps. ListOps and arithmetic use shrunken sizes; CTL is generated at full size (a few seconds).
+Section numbers (§) without "paper" are those of docs/ndr.md.
 """
 import math
 import os
@@ -86,7 +87,7 @@ def arith_eval(expr):
 
 
 def listops_eval(tokens):
-    """Recursive-descent parse -> (value, dependency depth, tree depth, length in §7.3.5 units)."""
+    """Recursive-descent parse -> (value, dependency depth, tree depth, length in §7.3 units)."""
     pos = 0
 
     def node():
@@ -122,7 +123,7 @@ def listops_eval(tokens):
 
 
 def listops_reference_draw(r: random.Random, lo, hi, p_op=0.3, max_args=5):
-    """The §7.3.3 sampler written literally, one recursive tree at a time -> token list."""
+    """The §7.3 sampler written literally, one recursive tree at a time -> token list."""
     ops = ["[MIN", "[MAX", "[MED", "[SM"]
 
     def wrap(args):
@@ -165,7 +166,7 @@ def test_ctl_sizes_vocab_and_depths(ctl):
 
 
 def test_ctl_pool_replay_histogram(ctl):
-    """Replay §7.1.6-7 independently: the pool's depth histogram is the spec's 480/4,350/24,010/32,296,
+    """Replay draws 2-3 of §7.1 independently: the pool's depth histogram is 480/4,350/24,010/32,296,
     and train (depth >= 2) and iid are disjoint parts of it that leave 4,000 out (test-IID)."""
     rs = np.random.RandomState(0x12345678)
     for _ in range(11):
@@ -314,7 +315,7 @@ def _profile(draws):
 
 @pytest.mark.parametrize("lo,hi", [(2, 6), (4, 5)])
 def test_listops_vectorised_sampler_matches_reference(lo, hi):
-    """The breadth-first sampler has the distribution of the literal recursive one (§7.3.3)."""
+    """The breadth-first sampler has the distribution of the literal recursive one (§7.3)."""
     r = random.Random(0)
     ref = []
     for _ in range(20_000):

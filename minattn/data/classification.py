@@ -11,7 +11,7 @@ reported "Test"/"Longer").
         ...
 
 Token ids: the task's input tokens are 0..V-1 (V = len(task.vocab)); the model adds EOS = V and
-SOS = V+1 (spec §1.1). Depths are given in the paper's convention: the number of operations
+SOS = V+1 (docs/ndr.md §1). Depths are given in the paper's convention: the number of operations
 (CTL: composition length; arithmetic: code depth - 1; ListOps: dependency depth - 1).
 
 Generated data is cached under ``cache_dir`` (default: $MINATTN_CACHE or ~/.cache/minattn) in an .npz
@@ -114,12 +114,12 @@ def make_split(seqs, labels, depths) -> ClassificationSplit:
 
 
 # ----------------------------------------------------------------------------------------------------
-# Batching (spec §1.1 for the layout, §6.4 for the order)
+# Batching (the layout: docs/ndr.md §1; the order: docs/ndr.md §6)
 # ----------------------------------------------------------------------------------------------------
 
 def collate(seqs, V: int):
     """Sequences -> (x, lengths): x (B, T) int64 rows [SOS, x_1..x_n, EOS] right-padded with 0 to the
-    longest row, lengths (B,) = n + 2. EOS = V, SOS = V + 1 (spec §1.1)."""
+    longest row, lengths (B,) = n + 2. EOS = V, SOS = V + 1."""
     if isinstance(seqs, Ragged):
         return _collate_ragged(seqs, np.arange(len(seqs)), V)
     lengths = np.array([len(s) for s in seqs], dtype=np.int64) + 2
@@ -155,9 +155,10 @@ def batches(split: ClassificationSplit, batch_size: int, rng: np.random.Generato
             V: int = None):
     """Endless training batches (x, lengths, y) of exactly batch_size samples (layout: see collate).
 
-    mode "bucketed" (spec §6.4): each pass shuffles the split, drops the remainder, stable-sorts by input
-    length, cuts consecutive batches and visits them in random order, so each sample appears at most
-    once per pass and padding is rare. mode "random": batch_size indices uniformly with replacement.
+    mode "bucketed" (the official code's, docs/ndr.md §6): each pass shuffles the split, drops the remainder,
+    stable-sorts by input length, cuts consecutive batches and visits them in random order, so each sample
+    appears at most once per pass and padding is rare. mode "random": batch_size indices uniformly with
+    replacement.
     mode "balanced": each batch draws one depth uniformly and batch_size samples of it with replacement.
     mode "stratified": every sample draws its depth uniformly (then a sample of it), so batches mix depths.
     All randomness comes from rng, so a seeded Generator gives the same stream. V defaults to

@@ -11,23 +11,23 @@ from .classification import ClassificationTask, make_split
 
 
 # ----------------------------------------------------------------------------------------------------
-# ListOps with dependency depth (spec §7.3), vectorised
+# ListOps with dependency depth (docs/ndr.md §7.3), vectorised
 # ----------------------------------------------------------------------------------------------------
 #
-# The sampler of §7.3.3 is a recursive branching process, and the deep sets are rare events (about 1 in
-# 15,000 draws reaches dependency depth 9 within 50 length units), so a one-tree-at-a-time Python sampler
-# needs ~15 minutes for the spec's sets. Here a whole chunk of independent draws grows breadth-first with
-# NumPy: every node makes the same independent choices as in §7.3.3 (leaf vs operation, argument count,
-# digit, operation), only in a different order of the random stream, so the distribution is exactly the
-# spec's. A draw whose length already exceeds the limit stops growing (its remaining nodes stay leaves):
-# it is rejected either way, because the length only grows.
+# The official sampler (item 3 of docs/ndr.md §7.3) is a recursive branching process, and the deep sets are rare
+# events (about 1 in 15,000 draws reaches dependency depth 9 within 50 length units), so a one-tree-at-a-time
+# Python sampler needs ~15 minutes for the paper's sets. Here a whole chunk of independent draws grows
+# breadth-first with NumPy: every node makes the same independent choices as the recursive sampler (leaf vs
+# operation, argument count, digit, operation), only in a different order of the random stream, so the
+# distribution is exactly the official one's. A draw whose length already exceeds the limit stops growing (its
+# remaining nodes stay leaves): it is rejected either way, because the length only grows.
 
 LISTOPS_OPS = ["[MIN", "[MAX", "[MED", "[SM"]
 _CLOSE, _OP0, _DIGIT0 = 0, 1, 5   # ids of "]", the first operation and digit 0 in ListOpsTask.vocab
 
 
 def _apply_ops(op, nargs, cval, ctd, cdd, clen):
-    """Evaluate operations whose arguments are consecutive segments of the child arrays (§7.3.1, §7.3.4).
+    """Evaluate operations whose arguments are consecutive segments of the child arrays (the rules: docs/ndr.md §7.3).
 
     op, nargs: (K,) operation ids (MIN, MAX, MED, SM) and argument counts (2..5); c*: value, tree depth,
     dependency depth and length of the sum(nargs) arguments. Returns the same four for the K results.
@@ -50,7 +50,7 @@ def _apply_ops(op, nargs, cval, ctd, cdd, clen):
 
 
 def _grow(rng, owner, m, length, max_len, p_op, max_args):
-    """Grow one tree(m) (§7.3.3) for each entry of owner (the draw it belongs to), level by level.
+    """Grow one tree(m) of the sampler for each entry of owner (the draw it belongs to), level by level.
 
     length[draw] holds a running lower bound of the draw's length (3 per operation, 1 per leaf or
     pending node) and is updated in place. Returns levels [(nargs, digit, op)], root level first; the
@@ -82,7 +82,7 @@ def _evaluate(levels):
 
 
 class _ListOpsDraws:
-    """n independent draws of the §7.3.3 sampler for a depth range (lo, hi), made at once.
+    """n independent draws of the official sampler for a depth range (lo, hi), made at once.
 
     Attributes value, tree_depth, dep_depth, length: (n,) arrays (length > max_len for rejected draws,
     whose trees were cut short). tokens(i) rebuilds the ids of draw i.
@@ -168,7 +168,7 @@ class _ListOpsDraws:
 
 
 class ListOpsTask(ClassificationTask):
-    """ListOps with dependency depth (spec §7.3, official variant "big"); the answer is read at SOS.
+    """ListOps with dependency depth (docs/ndr.md §7.3; the official code's variant "big"); read at SOS.
 
     Tokens are space-separated: "]" 0, "[MIN" 1, "[MAX" 2, "[MED" 3, "[SM" 4, digit k -> 5 + k. Worked example:
 
@@ -203,7 +203,7 @@ class ListOpsTask(ClassificationTask):
                 "max_length": self.max_length, "chunk": self.CHUNK, "sampler": 1}
 
     def sample_set(self, split: str, lo: int, hi: int, n: int):
-        """n distinct samples with dependency depth in lo..hi, at most ceil(n / #depths) per depth (§7.3.5).
+        """n distinct samples with dependency depth in lo..hi, at most ceil(n / #depths) per depth.
 
         Returns (list of id lists, values, dependency depths).
         """

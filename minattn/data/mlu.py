@@ -1,4 +1,4 @@
-"""Mathematical Language Understanding (spec coda.md §5), the CoDA paper's task: two-variable
+"""Mathematical Language Understanding (docs/coda.md §5), the CoDA paper's task: two-variable
 arithmetic, character by character.
 
 Generated vectorised (a million examples in about a second), so nothing is cached on disk.
@@ -10,7 +10,7 @@ import numpy as np
 from .base import Ragged, rng_for
 from .seq2seq import Seq2SeqSplit, Seq2SeqTask
 
-MLU_SHAPE = (2000, 2000, 2, 4, 3)   # a, b, assignment order, (u, w), op: 96M distinct inputs (spec §5.8)
+MLU_SHAPE = (2000, 2000, 2, 4, 3)   # a, b, assignment order, (u, w), op: 96M distinct inputs
 
 
 def mlu_strings(keys: np.ndarray):
@@ -44,7 +44,7 @@ def _char_ids(strings: np.ndarray, vocab: list, end: int = None) -> Ragged:
 
 
 class MLUTask(Seq2SeqTask):
-    """Mathematical Language Understanding (Wangperawong 2018; CoDA paper Table 6; spec coda.md §5). x and y
+    """Mathematical Language Understanding (Wangperawong 2018; CoDA paper Table 6; docs/coda.md §5). x and y
     get integers a, b in [−1000, 1000), assigned in random order; the question is u op w with u, w ∈ {x, y}
     and op ∈ {+, −, *}, each uniform; the answer is the exact integer, character by character:
 

@@ -15,20 +15,20 @@ from .classification import ClassificationTask, make_split
 
 
 # ----------------------------------------------------------------------------------------------------
-# Compositional table lookup (spec §7.1)
+# Compositional table lookup (docs/ndr.md §7.1)
 # ----------------------------------------------------------------------------------------------------
 
 CTL_SEED = 0x12345678
 
 
 def ctl_tables() -> np.ndarray:
-    """The 11 tables a..k: permutation(8) drawn in order from RandomState(0x12345678) (spec §7.1.2)."""
+    """The 11 tables a..k: permutation(8) drawn in order from RandomState(0x12345678) (the official code's seed)."""
     rs = np.random.RandomState(CTL_SEED)
     return np.stack([rs.permutation(8) for _ in range(11)])
 
 
 class CTLTask(ClassificationTask):
-    """Compositional table lookup, forward presentation (spec §7.1; code ``ctl.reversed=1``).
+    """Compositional table lookup, forward presentation (docs/ndr.md §7.1; official code ``ctl.reversed=1``).
 
     Eleven random bijections a..k of the 8 symbols 000..111 (ids 0..7; letters are ids 8..18). The
     input is the argument followed by the functions in the order they are applied; the answer (one of
@@ -38,11 +38,11 @@ class CTLTask(ClassificationTask):
         "101 d a b"  means b(a(d(101))):  d(5) = 7, a(7) = 3, b(3) = 3  ->  class "011" (id 3)
         ids [5, 11, 8, 9]  ->  model input [SOS=20, 5, 11, 8, 9, EOS=19], depth 3
 
-    Splits (names.md): train (53,704; depth 1-5), iid (the spec's valid-IID, 4,000; depth 2-5), valid
-    (deeper_val, 1,000; depth 6-8), test (deeper, "Longer", 1,000; depth 9-10). The spec's test-IID
+    Splits: train (53,704; depth 1-5), iid (the official code's valid-IID, 4,000; depth 2-5), valid
+    (deeper_val, 1,000; depth 6-8), test (deeper, "Longer", 1,000; depth 9-10). Its test-IID
     (4,000) is held out of train but not exposed. ``seed`` only chooses which pool items become
     test-IID/valid-IID (the official code used an unseeded RNG there); everything else replays the
-    fixed RandomState(0x12345678) draw order of spec §7.1.5.
+    fixed RandomState(0x12345678) draw order of the official code (numbered 1-5 in docs/ndr.md §7.1).
     """
     name = "ctl"
     cache_key = "ctl"
@@ -51,7 +51,7 @@ class CTLTask(ClassificationTask):
     vocab = SYMBOLS + LETTERS
     classes = SYMBOLS
     backward = False
-    N_COMPOSED = 9          # only a..i appear in compositions (§7.1.2)
+    N_COMPOSED = 9          # only a..i appear in compositions
 
     def __init__(self, seed: int = 0, cache_dir=None):
         super().__init__(seed, cache_dir)
@@ -64,12 +64,12 @@ class CTLTask(ClassificationTask):
                 "deeper": [9, 10, 1_000], "repeats": 30, "presentation": "forward"}
 
     def encode_sample(self, arg: int, comp) -> list:
-        """Forward ids of c_1(...c_n(arg)) for comp = (c_1..c_n): [arg, c_n, ..., c_1] (§7.1.4)."""
+        """Forward ids of c_1(...c_n(arg)) for comp = (c_1..c_n): [arg, c_n, ..., c_1]."""
         return [arg] + [8 + c for c in reversed(comp)]
 
     def _generate(self):
         rs = np.random.RandomState(CTL_SEED)
-        tables = np.stack([rs.permutation(8) for _ in range(11)])                    # §7.1.2
+        tables = np.stack([rs.permutation(8) for _ in range(11)])                    # draw 1
 
         def unique(n, draw):
             """Draw (arg, comp) pairs until n distinct ones exist (dict keeps first-seen order)."""
@@ -79,14 +79,14 @@ class CTLTask(ClassificationTask):
                 out.setdefault((int(arg), tuple(int(c) for c in comp)), None)
             return list(out)
 
-        # §7.1.6 reserved compositions: ceil(min(200, 9^d / 4)) per depth 0..5 -> 1+3+21+183+200+200 = 608
+        # draw 2, reserved compositions: ceil(min(200, 9^d / 4)) per depth 0..5 -> 1+3+21+183+200+200 = 608
         reserved = set()
         for d in range(6):
             target = len(reserved) + math.ceil(min(200, 0.25 * self.N_COMPOSED ** d))
             while len(reserved) < target:
                 reserved.add(tuple(rs.randint(self.N_COMPOSED, size=d).tolist()))
 
-        # §7.1.7 IID pool: composition (5 draws, then its length 2..5), redrawn while reserved; then argument
+        # draw 3, the IID pool: composition (5 draws, then its length 2..5), redrawn while reserved; then argument
         def draw_iid():
             while True:
                 comp = tuple(rs.randint(self.N_COMPOSED, size=5)[:rs.randint(2, 6)].tolist())
@@ -96,7 +96,7 @@ class CTLTask(ClassificationTask):
         n_iid, n_test = 8 * n_comps // 10, 4_000                                     # 53,136 and 4,000
         pool = unique(n_iid + 2 * n_test, draw_iid)                                  # 61,136
 
-        # §7.1.5: the two unreported "new primitive" sets use tables j (9) and k (10); they are drawn only
+        # draw 4: the two unreported "new primitive" sets use tables j (9) and k (10); they are drawn only
         # to keep the RandomState in step for deeper_val and deeper.
         def draw_new_primitive_1():
             arg = rs.randint(8)
@@ -113,17 +113,17 @@ class CTLTask(ClassificationTask):
         unique(1_000, draw_new_primitive_1)
         unique(3_000, draw_new_primitive_2)
 
-        # §7.1.10: argument first, then the composition (first randint(lo, hi+1) of `size` draws)
+        # draw 5: argument first, then the composition (first randint(lo, hi+1) of `size` draws)
         deeper_val = unique(1_000, lambda: (rs.randint(8), rs.randint(9, size=8)[:rs.randint(6, 9)]))
         deeper = unique(1_000, lambda: (rs.randint(8), rs.randint(9, size=10)[:rs.randint(9, 11)]))
 
-        # §7.1.8: 8,000 pool items go to test-IID (first 4,000) and valid-IID (= our "iid"); the rest train
+        # 8,000 pool items go to test-IID (first 4,000) and valid-IID (= our "iid"); the rest train
         held = rng_for(self.seed, "ctl/iid-split").choice(len(pool), 2 * n_test, replace=False)
         is_train = np.ones(len(pool), bool)
         is_train[held] = False
         iid = [pool[i] for i in np.sort(held[n_test:])]
 
-        # §7.1.9 train = 88 single tables + 53,136 IID + tables j, k x 8 arguments x 30 repeats = 53,704
+        # train = 88 single tables + 53,136 IID + tables j, k x 8 arguments x 30 repeats = 53,704
         basic = [(a, (t,)) for t in range(11) for a in range(8)]
         repeats = [(a, (t,)) for t in (9, 10) for _ in range(30) for a in range(8)]
         train = basic + [p for p, keep in zip(pool, is_train) if keep] + repeats
@@ -132,7 +132,7 @@ class CTLTask(ClassificationTask):
             labels = []
             for arg, comp in samples:
                 y = arg
-                for c in reversed(comp):        # c_1(c_2(...c_n(x))): apply c_n first (§7.1.3)
+                for c in reversed(comp):        # c_1(c_2(...c_n(x))): apply c_n first
                     y = tables[c][y]
                 labels.append(y)
             return make_split([self.encode_sample(a, c) for a, c in samples], labels, [len(c) for _, c in samples])
@@ -141,7 +141,7 @@ class CTLTask(ClassificationTask):
 
 
 class CTLBackwardTask(CTLTask):
-    """CTL, backward presentation (spec §7.1.4; code ``ctl.reversed=0``): ordinary notation, functions
+    """CTL, backward presentation (docs/ndr.md §7.1; official code ``ctl.reversed=0``): ordinary notation, functions
     first and the argument last. The same samples as ``ctl``, each sequence reversed:
 
         "b a d 101"  means b(a(d(101))) = 011 (class 3);  ids [9, 8, 11, 5]
@@ -153,7 +153,7 @@ class CTLBackwardTask(CTLTask):
 
 
 # ----------------------------------------------------------------------------------------------------
-# Simple arithmetic (spec §7.2)
+# Simple arithmetic (docs/ndr.md §7.2)
 # ----------------------------------------------------------------------------------------------------
 
 def _uniform_stream(rng: np.random.Generator):
@@ -163,7 +163,7 @@ def _uniform_stream(rng: np.random.Generator):
 
 
 def arith_sample(u, min_depth: int, max_depth: int, p: float):
-    """One draw of the get_one sampler of spec §7.2.3 (code depths); u() yields U[0, 1) floats.
+    """One draw of the official code's get_one sampler (code depths; docs/ndr.md §7.2); u() yields U[0, 1) floats.
 
     Returns (expression, value mod 10, code depth). Draw order as in the code: children before the
     operator; while too shallow, a fresh get(2) subtree becomes the LEFT operand of a new root. (The
@@ -188,7 +188,7 @@ def arith_sample(u, min_depth: int, max_depth: int, p: float):
 
 
 def balanced_bins(n: int, lo: int, hi: int) -> dict:
-    """Split n over depths lo..hi as ceil(remaining / depths left) per depth (spec §7.2.4)."""
+    """Split n over depths lo..hi as ceil(remaining / depths left) per depth."""
     bins, remaining = {}, n
     for d in range(lo, hi + 1):
         bins[d] = math.ceil(remaining / (hi - d + 1))
@@ -197,7 +197,7 @@ def balanced_bins(n: int, lo: int, hi: int) -> dict:
 
 
 class ArithTask(ClassificationTask):
-    """Simple arithmetic mod 10 (spec §7.2): fully bracketed + and * over digits, one token per character.
+    """Simple arithmetic mod 10 (docs/ndr.md §7.2): fully bracketed + and * over digits, one token per character.
 
     Worked example: "((3+4)*(5*2))": 3+4 = 7 and 5*2 = 10 -> 0 (every node is reduced mod 10), so the
     answer is 7*0 = 0 (class "0"). Code depth: leaf 1, node 1 + max(children) = 3, so its paper
@@ -209,11 +209,11 @@ class ArithTask(ClassificationTask):
       iid    basic 200 + 250 each at depths 3..6, p 0.2                 (1,200; 1-5)
       valid  1,000 at depth 7, p 0.3                                    (6)
       test   500 each at depths 8 and 9, p 0.3                          (7-8)
-    The basic set is in both train and iid; no other overlap is removed (§7.2.5). Sizes are the
+    The basic set is in both train and iid; no other overlap is removed, as in the official code. Sizes are the
     balanced part (the basic 200 come on top) and may be shrunk for tests.
 
-    Readout: "eos" is the default, as for NDR and "+ abs/rel + gate"; the code's "Transformer" and
-    "+ rel" arithmetic baselines read SOS instead (spec §1.4) -- the trainer chooses per model.
+    Readout: NDR and "+ abs/rel + gate" read EOS; the official code's "Transformer" and "+ rel"
+    arithmetic baselines read SOS instead (docs/ndr.md §1) -- train.py chooses per model.
     """
     name = "arith"
     DIGITS = [str(i) for i in range(10)]
@@ -232,12 +232,12 @@ class ArithTask(ClassificationTask):
         return {"splits": self.SPLITS, "sizes": self.sizes, "max_length": self.max_length, "sampler": 1}
 
     def basic_set(self):
-        """All 200 "(a op b)" (§7.2.5)."""
+        """All 200 "(a op b)": in both train and iid."""
         return [(f"({a}{op}{b})", (a + b) % 10 if op == "+" else (a * b) % 10, 2)
                 for op in "+*" for a in range(10) for b in range(10)]
 
     def _balanced(self, split: str, lo: int, hi: int, p: float, n: int):
-        """Rejection-sample n distinct expressions with balanced code depths lo..hi (§7.2.3-4)."""
+        """Rejection-sample n distinct expressions with balanced code depths lo..hi."""
         u = _uniform_stream(rng_for(self.seed, f"arith/{split}"))
         bins, seen, out = balanced_bins(n, lo, hi), set(), []
         with tqdm(total=n, desc=f"arith {split}", disable=None, leave=False) as bar:

@@ -1,4 +1,4 @@
-"""Relational tasks of the Abstractor paper (spec abstractor.md §6): object sorting, pairwise order, SET.
+"""Relational tasks of the Abstractor paper (docs/abstractor.md §6): object sorting, pairwise order, SET.
 
 The inputs are vectors, not tokens: a task holds a table of object vectors (``objects``) and a split
 holds rows of object indices, so a batch is objects[index]. Generation takes well under a second, so
@@ -71,7 +71,8 @@ class ObjectTask(Task):
 
     def __repr__(self):
         sizes = ", ".join(f"{k}={len(v)}" for k, v in self.splits.items())
-        return f"<{type(self).__name__} {self.name!r}: {len(self.objects)} objects of dimension {self.objects.shape[1]}, {sizes}>"
+        n, d = self.objects.shape
+        return f"<{type(self).__name__} {self.name!r}: {n} objects of dimension {d}, {sizes}>"
 
 
 def _object_splits(rng, index, labels, sizes) -> dict:
@@ -84,8 +85,8 @@ def _object_splits(rng, index, labels, sizes) -> dict:
 
 
 class SortTask(ObjectTask):
-    """Object sorting (§6.1). Attributes a_0..a_3 ~ N(0, I_4) and b_0..b_11 ~ N(0, I_8) give 48 objects
-    o_{12i+j} = (a_i, b_j) ∈ R^12, ordered by i, then j: the order of their indices. A sample is 10
+    """Object sorting (docs/abstractor.md §6.1). Attributes a_0..a_3 ~ N(0, I_4) and b_0..b_11 ~ N(0, I_8)
+    give 48 objects o_{12i+j} = (a_i, b_j) ∈ R^12, ordered by i, then j: the order of their indices. A sample is 10
     distinct objects in random order; its targets are the argsort (labels[t] = the input position of the
     t-th smallest object), decoded after a START token:
 
@@ -120,10 +121,11 @@ class SortTask(ObjectTask):
 
 
 class PairwiseOrderTask(ObjectTask):
-    """Pairwise order (§6.4). 64 objects o_i ~ N(0, I_32), ordered by index. Every ordered pair of distinct
-    objects is a sample of 2 × 32 with label 1[i < j]: pair (5, 41) has label 1, pair (41, 5) label 0.
-    The 4,032 pairs are shuffled and split with ceil rounding: test 35% (1,412), valid 15% (605), train
-    2,015. Test pairs never occur in training, so they must be answered by transitivity."""
+    """Pairwise order (docs/abstractor.md §6.2). 64 objects o_i ~ N(0, I_32), ordered by index. Every
+    ordered pair of distinct objects is a sample of 2 × 32 with label 1[i < j]: pair (5, 41) has label 1,
+    pair (41, 5) label 0. The 4,032 pairs are shuffled and split with ceil rounding: test 35% (1,412),
+    valid 15% (605), train 2,015. Test pairs never occur in training, so they must be answered by
+    transitivity."""
     name = "pairwise"
 
     def __init__(self, seed: int = 0, cache_dir=None, n_objects: int = 64, dim: int = 32):
@@ -147,8 +149,8 @@ def is_set(values: np.ndarray) -> np.ndarray:
 
 
 class SetTask(ObjectTask):
-    """SET (§6.5) with non-image cards: a documented deviation (the paper embeds card images with a CNN),
-    so results are not directly comparable with the paper's. 81 cards (``card_attributes``); three
+    """SET (docs/abstractor.md §6.3) with non-image cards: a documented deviation (the paper embeds card
+    images with a CNN), so results are not directly comparable with the paper's. 81 cards (``card_attributes``); three
     distinct cards form a SET iff every attribute is all equal or all different:
 
         cards 0 (0,0,0,0), 40 (1,1,1,1), 80 (2,2,2,2): a SET, label 1

@@ -5,14 +5,15 @@ import numpy as np
 
 from .base import Task, rng_for
 
-# α_s weights search s in the label (Eq. 15): drawn once from U(−1, 1) by the paper's code (spec §7.5).
+# α_s weights search s in the label (Eq. 15): drawn once from U(−1, 1) by the paper's code
+# (docs/compositional.md §7).
 RETRIEVAL_ALPHAS = (-0.71347752, -0.6062312, 0.66062073, -0.61213017, -0.82631877, 0.75908621, -0.36274866,
                     0.84383333)
 
 
 def retrieval_combinations(searches: int, retrievals: int):
-    """The deterministic OOD split of retrieval-choice combinations (spec §8): (train, test), int arrays
-    of shape (n, searches) whose row t makes search s retrieve t[s].
+    """The deterministic OOD split of retrieval-choice combinations (docs/compositional.md §8): (train,
+    test), int arrays of shape (n, searches) whose row t makes search s retrieve t[s].
 
     All retrievals^searches tuples in lexicographic order; even positions go to train, odd ones to test;
     then the first test tuples move to train until it holds floor(0.8 · all). For (2, 4): 12 train
@@ -25,7 +26,7 @@ def retrieval_combinations(searches: int, retrievals: int):
 
 
 class RetrievalTask(Task):
-    """Contextual Retrieval Task (Mittal et al. 2022, Appendix C.1, Eqs. 15–18; spec §7–8).
+    """Contextual Retrieval Task (Mittal et al. 2022, Appendix C.1, Eqs. 15–18; docs/compositional.md §7).
 
     Each of N objects has S search features z and R retrieval features z̃, all N(0, 1). Object i's
     search s finds its nearest neighbour j* along z[s], never i itself (Eq. 17; ties: lowest j),

@@ -2,7 +2,7 @@
 they share with MLU (mlu.py).
 
 Both are generated from rules in well under a second, so nothing is cached on disk. Vocabularies
-keep the reference's special tokens (spec §1.1) only so that parameter counts match the paper's.
+keep the reference's special tokens (docs/seq2attn.md §1.1) only so that parameter counts match the paper's.
 """
 from __future__ import annotations
 
@@ -105,15 +105,15 @@ class Seq2SeqTask(Task):
 # --- lookup tables ------------------------------------------------------------------------------------
 
 BITS = [f"{i:03b}" for i in range(8)]
-# t(000), t(001), ..., t(111) for each table (spec §2.1; identical in all five public samples)
+# t(000), t(001), ..., t(111) for each table (docs/seq2attn.md §2.1; identical in all five public samples)
 LOOKUP_TABLES = {
     "t1": "110 001 101 010 011 000 111 100", "t2": "101 001 010 111 110 011 000 100",
     "t3": "111 101 010 100 011 000 001 110", "t4": "000 100 010 101 111 001 110 011",
     "t5": "001 000 110 100 101 010 011 111", "t6": "011 010 101 111 110 000 001 100",
     "t7": "011 110 000 100 001 111 101 010", "t8": "010 100 110 000 001 011 101 111",
 }
-LOOKUP_HELDOUT_COMPOSITIONS = "t1t6 t3t3 t3t5 t5t3 t5t6 t6t2 t6t3 t6t4"    # sample1 (spec §2.3.2)
-# sample1's held-out inputs of the 28 seen compositions: V = validation, H = heldout_inputs (§2.3.3)
+LOOKUP_HELDOUT_COMPOSITIONS = "t1t6 t3t3 t3t5 t5t3 t5t6 t6t2 t6t3 t6t4"    # sample1's
+# sample1's held-out inputs of the 28 seen compositions: V = validation, H = heldout_inputs
 LOOKUP_HELDOUT_INPUTS = (
     "t1t1 H 000,111; t1t2 V 110 / H 001; t1t3 H 010,100; t1t4 H 001,100; t1t5 V 001 / H 000; "
     "t2t1 H 110,111; t2t2 V 011,111; t2t3 H 001,010; t2t4 V 100 / H 000; t2t5 H 000,010; t2t6 H 000,101; "
@@ -124,7 +124,7 @@ LOOKUP_HELDOUT_INPUTS = (
 
 
 def lookup_example(bits: str, tables) -> tuple:
-    """(input tokens, target tokens, line) for applying ``tables`` left to right to ``bits`` (§2.2):
+    """(input tokens, target tokens, line) for applying ``tables`` left to right to ``bits`` (docs/seq2attn.md §2.2):
 
         lookup_example("100", ["t3", "t1"])[2] == "100 t3 t1 .\\t100 011 010\\t0 1 2 3"
 
@@ -138,7 +138,7 @@ def lookup_example(bits: str, tables) -> tuple:
 
 
 class LookupTask(Seq2SeqTask):
-    """Lookup-table composition, sample1 (Liška et al. 2018; spec seq2attn.md §2). Eight bijections
+    """Lookup-table composition, sample1 (Liška et al. 2018; docs/seq2attn.md §2). Eight bijections
     t1..t8 of 3-bit strings; "100 t3 t1 ." asks for t1(t3(100)), target "100 011 010 <eos>".
 
     Splits: train (232: all unary + 28 seen compositions of t1..t6 on 6 inputs each), validation (16)
@@ -146,7 +146,7 @@ class LookupTask(Seq2SeqTask):
     heldout_tables (192: one of t7/t8 composed with t1..t6), new_compositions (32: t7/t8 only), all
     line-for-line equal (as sets) to sample1; and longer_compositions_{seen,incremental,new}
     (544/1084/32: three tables on 4 inputs each), random in the original, so here drawn from ``seed``
-    with the same structure (§2.3.6)."""
+    with the same structure."""
     name = "lookup"
     export_ext = "tsv"
     in_tokens = BITS + list(LOOKUP_TABLES) + ["."]
@@ -189,11 +189,11 @@ class LookupTask(Seq2SeqTask):
 SCAN_PRIMITIVES = ("walk", "look", "run", "jump")
 SCAN_SPLITS = ("simple", "length", "addprim_jump", "addprim_turn_left", "around_right", "opposite_right", "right",
                "jump_around_right", "filler0", "filler1", "filler2", "filler3", "length_cutoff_K")
-SCAN_CUTOFFS = (22, 24, 25, 26, 27, 28, 30, 32, 33, 36, 40)  # the cutoffs of Csordás et al. (spec §3.5)
+SCAN_CUTOFFS = (22, 24, 25, 26, 27, 28, 30, 32, 33, 36, 40)  # the cutoffs of Csordás et al. 2021
 
 
 def scan_commands() -> list:
-    """All 20,910 SCAN commands as (command, actions) string pairs, from the grammar of spec §3.1."""
+    """All 20,910 SCAN commands as (command, actions) string pairs, from the grammar (docs/seq2attn.md §3.1)."""
     verbs = []  # V: (words, meaning)
     for x in SCAN_PRIMITIVES + ("turn",):
         act = [] if x == "turn" else [f"I_{x.upper()}"]
@@ -213,7 +213,7 @@ def _contains(command: str, phrase: str) -> bool:
 
 def scan_split(split: str, seed: int = 0) -> dict:
     """{"train": [...], "test": [...] (, "iid": [...])} of (command, actions) pairs for a SCAN split
-    (spec §3.3, §3.5); see ``SCAN_SPLITS``, where K is an output-length cutoff."""
+    (docs/seq2attn.md §3.3, §3.5); see ``SCAN_SPLITS``, where K is an output-length cutoff."""
     pairs, P = scan_commands(), SCAN_PRIMITIVES
     if split == "simple":       # random 80/20, seeded (the reference membership is not derivable)
         perm = rng_for(seed, "scan/simple").permutation(len(pairs))
@@ -222,7 +222,7 @@ def scan_split(split: str, seed: int = 0) -> dict:
                 "test": [pairs[i] for i in np.sort(perm[n_train:])]}
     if split == "length":
         return {"train": [p for p in pairs if len(p[1]) <= 22], "test": [p for p in pairs if len(p[1]) >= 24]}
-    if split.startswith("addprim_"):  # the primitive alone, repeated to be 10% of train (spec §3.3.3-4)
+    if split.startswith("addprim_"):  # the primitive alone, repeated to be 10% of train
         prim = split[len("addprim_"):].replace("_", " ")
         if prim not in ("jump", "turn left"):
             raise ValueError(f"unknown SCAN split {split!r}: add_prim splits are addprim_jump and addprim_turn_left")
@@ -235,7 +235,8 @@ def scan_split(split: str, seed: int = 0) -> dict:
         if not k.isdigit():
             raise ValueError(f"unknown SCAN split {split!r}: use length_cutoff_K with an integer K (e.g. 26)")
         k = int(k)
-        pool = sorted((p for p in pairs if len(p[1]) <= k), key=lambda p: scan_line(p).encode())  # C-sorted (§3.5)
+        # The pool in C order of the lines: the reference's shuffled order is not derivable (docs/seq2attn.md §3.5).
+        pool = sorted((p for p in pairs if len(p[1]) <= k), key=lambda p: scan_line(p).encode())
         iid = np.random.RandomState(1234).choice(len(pool), int(len(pool) * (1 - 0.9)), replace=False)
         is_iid = np.zeros(len(pool), bool)
         is_iid[iid] = True
@@ -247,7 +248,7 @@ def scan_split(split: str, seed: int = 0) -> dict:
         held = [x for x in P if x not in ("look", "walk", "run")[:fillers[split]]]
         return {"train": [p for p in pairs if not any(_contains(p[0], f"{x} around right") for x in held)],
                 "test": [p for p in pairs if _contains(p[0], "jump around right")]}
-    if split in ("around_right", "opposite_right", "right"):  # Loula et al. template splits (spec §3.3.5)
+    if split in ("around_right", "opposite_right", "right"):  # Loula et al.'s template splits
         phrase = split.replace("_", " ")
         pairs = [p for p in pairs if not _contains(p[0], f"turn {phrase}")]
         is_test = [any(_contains(c, f"{x} {phrase}") for x in P) for c, _ in pairs]
@@ -257,19 +258,19 @@ def scan_split(split: str, seed: int = 0) -> dict:
 
 
 def scan_line(pair) -> str:
-    """The canonical line: "IN: jump twice OUT: I_JUMP I_JUMP" (spec §3.2)."""
+    """The canonical line: "IN: jump twice OUT: I_JUMP I_JUMP", as in the reference files."""
     return f"IN: {pair[0]} OUT: {' '.join(pair[1])}"
 
 
 class ScanTask(Seq2SeqTask):
-    """SCAN (Lake & Baroni 2018), generated from its grammar (spec seq2attn.md §3), one split at a time:
+    """SCAN (Lake & Baroni 2018), generated from its grammar (docs/seq2attn.md §3), one split at a time:
 
         "jump around left twice"  ->  (I_TURN_LEFT I_JUMP) × 4, twice: 16 actions, then <eos>
 
     Splits (``SCAN_SPLITS``): simple (seeded 80/20), length, addprim_jump, addprim_turn_left, the
     template splits around_right, opposite_right, right, jump_around_right, filler0..filler3 (the
     paper's "k fillers": 0..3 of look/walk/run also seen in "X around right"), and length_cutoff_K
-    (Csordás et al. 2021; adds an "iid" split). No "." is appended to inputs (spec §3.6)."""
+    (Csordás et al. 2021; adds an "iid" split). No "." is appended to inputs (docs/seq2attn.md §3.6)."""
     name = "scan"
     in_tokens = ["after", "and", "around", "jump", "left", "look", "opposite", "right", "run", "thrice", "turn",
                  "twice", "walk"]
