@@ -25,14 +25,11 @@ import argparse
 import os
 import sys
 
-from minattn.data import TASKS, get_task  # noqa: F401
-from minattn.data.base import Ragged  # noqa: F401
-from minattn.data.classification import (ClassificationSplit, ClassificationTask, batches, collate,  # noqa: F401
-                                         eval_batches)
-from minattn.data.mlu import MLUTask  # noqa: F401
-from minattn.data.objects import PairwiseOrderTask, SetTask, SortTask, epoch_batches, is_set  # noqa: F401
-from minattn.data.retrieval import RetrievalTask  # noqa: F401
-from minattn.data.seq2seq import SCAN_SPLITS, Seq2SeqSplit, scan_commands, scan_line, scan_split  # noqa: F401
+# The names train.py reads as tasks.<name>, re-exported (tests/test_layout.py keeps this list complete).
+from minattn.data import (SCAN_SPLITS, TASKS, MLUTask, PairwiseOrderTask, Ragged, RetrievalTask,  # noqa: F401
+                          Seq2SeqSplit, SetTask, SortTask, batches, collate, epoch_batches, eval_batches,
+                          get_task, is_set, scan_split)
+from minattn.data.seq2seq import scan_commands, scan_line
 
 
 def _option(text: str):

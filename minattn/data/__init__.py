@@ -24,14 +24,21 @@ On top of that, each kind of task carries what its models read; train.py uses th
 ``retrieval`` has no fixed data (each training step draws a fresh batch), so its splits are seeded
 samples of its three pools made only when read. Nothing in this package imports tasks.py or train.py.
 """
-from .base import Ragged, Task  # noqa: F401
-from .classification import ClassificationSplit, ClassificationTask, batches, collate, eval_batches  # noqa: F401
+from .base import Ragged, Task
+from .classification import ClassificationSplit, ClassificationTask, batches, collate, eval_batches
 from .listops import ListOpsTask
 from .mlu import MLUTask
 from .ndr import ArithTask, CTLBackwardTask, CTLTask
-from .objects import ObjectSplit, PairwiseOrderTask, SetTask, SortTask, epoch_batches, is_set  # noqa: F401
+from .objects import ObjectSplit, PairwiseOrderTask, SetTask, SortTask, epoch_batches, is_set
 from .retrieval import RetrievalTask
-from .seq2seq import SCAN_SPLITS, LookupTask, ScanTask, Seq2SeqSplit, scan_split  # noqa: F401
+from .seq2seq import SCAN_SPLITS, LookupTask, ScanTask, Seq2SeqSplit, scan_split
+
+__all__ = ["TASKS", "get_task", "Task", "Ragged",
+           "ClassificationSplit", "ClassificationTask", "batches", "collate", "eval_batches",  # token classification
+           "CTLTask", "CTLBackwardTask", "ArithTask", "ListOpsTask",
+           "Seq2SeqSplit", "LookupTask", "ScanTask", "SCAN_SPLITS", "scan_split", "MLUTask",   # sequence to sequence
+           "ObjectSplit", "SortTask", "PairwiseOrderTask", "SetTask", "epoch_batches", "is_set",  # objects
+           "RetrievalTask"]
 
 TASKS = {"ctl": CTLTask, "ctl-backward": CTLBackwardTask, "arith": ArithTask, "listops": ListOpsTask,
          "lookup": LookupTask, "scan": ScanTask, "retrieval": RetrievalTask,
