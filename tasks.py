@@ -5,16 +5,16 @@
     python tasks.py export --task scan --split all --out DIR   # every SCAN command
     python tasks.py stats  --task arith --set n_train=1000     # a task's own options (sizes, searches, ...)
 
-| task | paper | what a sample asks | generator |
+| task | what a sample asks | generator (minattn/data/) | design note |
 |---|---|---|---|
-| ctl, ctl-backward | Neural Data Router | compose 3-bit lookup tables, argument first (or last) | minattn/data/ndr.py |
-| arith | Neural Data Router | evaluate a bracketed + and * expression mod 10 | minattn/data/ndr.py |
-| listops | Neural Data Router | evaluate nested MIN/MAX/MED/SM lists | minattn/data/listops.py |
-| lookup | seq2attn | apply lookup tables and write every intermediate result | minattn/data/seq2seq.py |
-| scan | seq2attn | translate a SCAN command into actions (one split at a time) | minattn/data/seq2seq.py |
-| retrieval | Compositional Attention | per search, a feature of each object's nearest neighbour | minattn/data/retrieval.py |
-| sort, pairwise, set | Abstractor | sort objects; order a pair; is a triple of cards a SET | minattn/data/objects.py |
-| mlu | CoDA | x=85,y=-523,x*y → -44455, character by character | minattn/data/mlu.py |
+| ctl, ctl-backward | compose 3-bit lookup tables, argument first (or last) | ndr.py | docs/ndr.md §7.1 |
+| arith | evaluate a bracketed + and * expression mod 10 | ndr.py | docs/ndr.md §7.2 |
+| listops | evaluate nested MIN/MAX/MED/SM lists | listops.py | docs/ndr.md §7.3 |
+| lookup | apply lookup tables, writing every intermediate result | seq2seq.py | docs/seq2attn.md §2 |
+| scan | translate a SCAN command into actions (one split at a time) | seq2seq.py | docs/seq2attn.md §3 |
+| retrieval | per search, a feature of each object's nearest neighbour | retrieval.py | docs/compositional.md §7 |
+| sort, pairwise, set | sort objects; order a pair; is a triple of cards a SET | objects.py | docs/abstractor.md §6 |
+| mlu | x=85,y=-523,x*y → -44455, character by character | mlu.py | docs/coda.md §5 |
 
 The generators live in the package (``minattn.data``) behind one interface, described in its
 docstring: ``task.splits``, ``len(split)``, ``split.lines``, ``split.describe()``. The names below
@@ -29,7 +29,7 @@ import sys
 from minattn.data import (SCAN_SPLITS, TASKS, MLUTask, PairwiseOrderTask, Ragged, RetrievalTask,  # noqa: F401
                           Seq2SeqSplit, SetTask, SortTask, batches, collate, epoch_batches, eval_batches,
                           get_task, is_set, scan_split)
-from minattn.data.seq2seq import scan_commands, scan_line
+from minattn.data.seq2seq import ScanGrammar
 
 
 def _option(text: str):
@@ -40,23 +40,16 @@ def _option(text: str):
     return key, int(value) if value.lstrip("-").isdigit() else value
 
 
-def _files(args) -> dict:
-    """{file name: lines} of the task the command line names (``--split all``: every SCAN command)."""
+def _task(args):
+    """The task the command line names; ``scan --split all`` is every SCAN command as one split."""
     options = dict(args.set)
     if args.split:
         if args.task != "scan":
             raise ValueError(f"--split is for scan only ({args.task} has one split structure): drop --split")
         if args.split == "all":
-            return {"all.txt": [scan_line(p) for p in scan_commands()]}
+            return ScanGrammar()
         options["split"] = args.split
-    task = get_task(args.task, seed=args.seed, cache_dir=args.cache_dir, **options)
-    if args.command == "stats":
-        print(task)
-        width = max(6, *(len(k) for k in task.splits))
-        for k, s in task.splits.items():
-            print(f"{k:>{width}}: {len(s):>9,} {s.describe()}")
-        return {}
-    return task.export_files()
+    return get_task(args.task, seed=args.seed, cache_dir=args.cache_dir, **options)
 
 
 def main(argv=None) -> int:
@@ -76,13 +69,19 @@ def main(argv=None) -> int:
             p.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     try:
-        files = _files(args)
-        if args.command == "export":
-            os.makedirs(args.out, exist_ok=True)
-            for name, lines in files.items():
-                with open(os.path.join(args.out, name), "w") as f:
-                    f.writelines(line + "\n" for line in lines)
-            print(f"wrote {', '.join(files)} to {args.out}")
+        task = _task(args)
+        if args.command == "stats":
+            print(task)
+            width = max(6, *(len(k) for k in task.splits))
+            for k, s in task.splits.items():
+                print(f"{k:>{width}}: {len(s):>9,} {s.describe()}")
+            return 0
+        files = task.export_files()
+        os.makedirs(args.out, exist_ok=True)
+        for name, lines in files.items():
+            with open(os.path.join(args.out, name), "w") as f:
+                f.writelines(line + "\n" for line in lines)
+        print(f"wrote {', '.join(files)} to {args.out}")
     except (TypeError, ValueError, OSError) as e:
         print(f"tasks.py: error: {e}", file=sys.stderr)
         return 2

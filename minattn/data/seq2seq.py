@@ -283,3 +283,13 @@ class ScanTask(Seq2SeqTask):
         self.split = split
         self.splits = {k: self._make([(c.split(), a, scan_line((c, a))) for c, a in v])
                        for k, v in scan_split(split, seed).items()}
+
+
+class ScanGrammar(ScanTask):
+    """Every SCAN command, as one split "all" (``tasks.py export --task scan --split all``); not a
+    training task."""
+
+    def __init__(self, seed: int = 0, cache_dir=None):
+        Seq2SeqTask.__init__(self)
+        self.split = "all"
+        self.splits = {"all": self._make([(c.split(), a, scan_line((c, a))) for c, a in scan_commands()])}
