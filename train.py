@@ -40,7 +40,7 @@ from minattn.models import abstractor  # noqa: E402
 from minattn.models.transformer import ARCHITECTURES, Classifier, EncoderConfig  # noqa: E402
 from minattn.attention import coda  # noqa: E402
 from minattn.models.transformer import CoDASeq2SeqTransformer, Seq2SeqTransformer  # noqa: E402
-from minattn.models.transformer import Seq2SeqConfig as EncoderDecoderConfig  # noqa: E402
+from minattn.models.transformer import EncoderDecoderConfig  # noqa: E402
 
 CHECKPOINT_VERSION = 1
 

@@ -259,7 +259,7 @@ def bench_coda(device, repeat):
     of 32, batch 128, inputs of 16 characters, targets of 8), with the peak memory of a step. Then the L1
     distance alone, fused vs its composite, at the MLU encoder's size. Target (issue 7): CoDA ≤ 2× softmax."""
     from .attention.coda import l1_distance, l1_distance_reference
-    from .models.transformer import (Classifier, CoDASeq2SeqTransformer, EncoderConfig, Seq2SeqConfig,
+    from .models.transformer import (Classifier, CoDASeq2SeqTransformer, EncoderConfig, EncoderDecoderConfig,
                                      Seq2SeqTransformer)
     xp = backend.get_xp(device)
     rng = np.random.default_rng(0)
@@ -284,8 +284,8 @@ def bench_coda(device, repeat):
         results = [measure(m, lambda m=m: F.cross_entropy(m(x, lengths), y)) for m in
                    (Classifier(name, 19, 8, cfg).to(device) for name in ("transformer", "transformer-coda"))]
         row(f"encoder, CTL preset, batch 128×{T}", *results)
-    cfg = Seq2SeqConfig(d_model=128, n_head=4, d_head=32, d_ff=512, n_encoder_layers=2, n_decoder_layers=2,
-                        ln_eps=1e-5, pe_layout="interleaved")
+    cfg = EncoderDecoderConfig(d_model=128, n_head=4, d_head=32, d_ff=512, n_encoder_layers=2, n_decoder_layers=2,
+                               ln_eps=1e-5, pe_layout="interleaved")
     src, tgt = xp.asarray(rng.integers(1, 18, (128, 16))), xp.asarray(rng.integers(3, 14, (128, 8)))
     tgt_in = xp.concatenate([xp.ones((128, 1), dtype=tgt.dtype), tgt[:, :-1]], axis=1)
     results = [measure(m, lambda m=m: F.cross_entropy(m(src, tgt_in), tgt)) for m in

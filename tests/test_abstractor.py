@@ -1,7 +1,8 @@
-"""Relational cross-attention, symbols, the Abstractor and the encoder–decoder (spec abstractor.md §1–5, §8).
+"""Relational cross-attention, symbols, the Abstractor and the encoder–decoder (docs/abstractor.md §1–5).
 
 Gradients are checked in test_gradcheck.py; here: the definitions (against naive loops), the parameter
-counts of §5, masks, causality and greedy decoding.
+counts of §5, masks, causality and greedy decoding. Section numbers (§) without "paper" are those of
+docs/abstractor.md.
 """
 import dataclasses
 
@@ -15,7 +16,7 @@ from minattn.attention.relational import PositionRelativeRCA, RelationalCrossAtt
 from minattn.engine import Tensor, eval_mode, no_grad
 from minattn.models.abstractor import (AbstractorConfig, AbstractorLayer, AbstractorSeq2Seq, PositionalSymbols,
                                        RelationalClassifier, SimplifiedConfig, SymbolicAttention, build_seq2seq)
-from minattn.models.transformer import (DecoderLayer, EncoderLayer, FeedForwardBlock, Seq2SeqConfig,
+from minattn.models.transformer import (DecoderLayer, EncoderDecoderConfig, EncoderLayer, FeedForwardBlock,
                                         Seq2SeqTransformer, keras_attention)
 from minattn.nn import sinusoidal_positions
 
@@ -77,7 +78,7 @@ def test_symmetric_relations_are_symmetric_before_the_activation():
 
 
 def test_softmax_rca_with_zero_symbols_ignores_the_objects():
-    """The relational bottleneck (§8.4): with S ≡ 0 only b_v, W_o and b_o contribute."""
+    """The relational bottleneck (§1.1): with S ≡ 0 only b_v, W_o and b_o contribute."""
     m = randomize(RelationalCrossAttention(8, 2))
     x1, x2 = x_and_s(seed=1)[0], x_and_s(seed=2)[0]
     zeros = Tensor(np.zeros((2, 5, 8)))
@@ -212,7 +213,7 @@ def test_simple_and_simplified_parameter_counts():
 
 def tiny_model(name, **changes):
     if name == "transformer-seq2seq":
-        return Seq2SeqTransformer(7, 6, Seq2SeqConfig(**TINY, **changes), d_src=3, seed=0)
+        return Seq2SeqTransformer(7, 6, EncoderDecoderConfig(**TINY, **changes), d_src=3, seed=0)
     cfg = AbstractorConfig(**TINY, n_abstractor_layers=1, max_len=6, **changes)
     return AbstractorSeq2Seq(7, 6, cfg, d_src=3, seed=0, ablation=name == "ablation")
 
@@ -298,7 +299,7 @@ def test_padded_source_positions_are_ignored(name):
 
 
 def test_token_sources_and_architecture_shapes():
-    cfg = Seq2SeqConfig(**TINY)
+    cfg = EncoderDecoderConfig(**TINY)
     model = Seq2SeqTransformer(7, 6, cfg, n_src_tokens=9)
     assert model(np.array([[1, 8, 2]]), np.array([[6, 0]])).shape == (1, 2, 6)
     assert len(tiny_model("abstractor", architecture="a").encoder) == 0
@@ -308,8 +309,8 @@ def test_token_sources_and_architecture_shapes():
 
 
 @pytest.mark.parametrize("make,match", [
-    (lambda: Seq2SeqTransformer(7, 6, Seq2SeqConfig(), d_src=3, n_src_tokens=4), "exactly one of d_src"),
-    (lambda: Seq2SeqTransformer(7, 6, Seq2SeqConfig(decoder_form="mixed"), d_src=3), "unknown decoder_form"),
+    (lambda: Seq2SeqTransformer(7, 6, EncoderDecoderConfig(), d_src=3, n_src_tokens=4), "exactly one of d_src"),
+    (lambda: Seq2SeqTransformer(7, 6, EncoderDecoderConfig(decoder_form="mixed"), d_src=3), "unknown decoder_form"),
     (lambda: tiny_model("abstractor", architecture="c"), "unknown architecture"),
     (lambda: tiny_model("abstractor", symbols="random"), "unknown symbols"),
     (lambda: tiny_model("abstractor", activation="relu"), "unknown activation"),

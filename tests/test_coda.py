@@ -1,7 +1,8 @@
-"""CoDA quasi-attention (spec coda.md): the fused L1 distance against its definition and its memory bound,
+"""CoDA quasi-attention (docs/coda.md): the fused L1 distance against its definition and its memory bound,
 Eq. 10 against a direct NumPy computation, masks that give exactly zero weight, stability at huge distances
-and with every key masked, the gate at initialisation (§3.11) and in the training logs, the MLU generator
-(§5) and its training family. Gradients are checked in tests/test_gradcheck.py."""
+and with every key masked, the gate at initialisation (§3) and in the training logs, the MLU generator
+(§5) and its training family. Gradients are checked in tests/test_gradcheck.py.
+Section numbers (§) without "paper" are those of docs/coda.md."""
 import json
 import math
 import os
@@ -17,10 +18,11 @@ from minattn.attention.coda import CoDAttention, PairwiseCoDA, l1_distance, l1_d
 from minattn.attention.multihead import MultiHeadAttention
 from minattn.engine import Tensor, eval_mode, no_grad
 from minattn.gradcheck import GradcheckError, check_backward
-from minattn.models.transformer import CoDASeq2SeqTransformer, Seq2SeqConfig, Seq2SeqTransformer
+from minattn.models.transformer import CoDASeq2SeqTransformer, EncoderDecoderConfig, Seq2SeqTransformer
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tasks  # noqa: E402
+from minattn.data import mlu as mlu_data  # noqa: E402
 import train  # noqa: E402
 
 
@@ -50,7 +52,7 @@ def test_l1_sign_at_ties_is_zero():
     q = Tensor(np.array([[[1.0, 2.0]]]), requires_grad=True)
     k = Tensor(np.array([[[1.0, 0.0]]]), requires_grad=True)
     l1_distance(q, k).backward(np.ones((1, 1, 1)))
-    np.testing.assert_array_equal(q.grad, [[[0.0, 1.0]]])     # sign(0) = 0 (spec §3.1)
+    np.testing.assert_array_equal(q.grad, [[[0.0, 1.0]]])     # sign(0) = 0 (§3.1)
     np.testing.assert_array_equal(k.grad, [[[0.0, -1.0]]])
 
 
@@ -118,7 +120,7 @@ def test_it_is_a_drop_in_with_the_same_parameters_and_initialisation():
     mha, cd = MultiHeadAttention(16, 4, rng=np.random.default_rng(3)), CoDAttention(16, 4, rng=np.random.default_rng(3))
     for (na, a), (nb, b) in zip(mha.named_parameters(), cd.named_parameters()):
         assert na == nb and np.array_equal(a.data, b.data)
-    cfg = Seq2SeqConfig(d_model=16, n_head=2, d_head=8, n_encoder_layers=2, n_decoder_layers=2)
+    cfg = EncoderDecoderConfig(d_model=16, n_head=2, d_head=8, n_encoder_layers=2, n_decoder_layers=2)
     soft = Seq2SeqTransformer(9, 9, cfg, n_src_tokens=12, seed=5)
     quasi = CoDASeq2SeqTransformer(9, 9, cfg, n_src_tokens=12, seed=5)
     a, b = soft.state_dict(), quasi.state_dict()
@@ -180,11 +182,11 @@ def test_unknown_options_are_clear_errors():
         CoDAttention(8, 2, beta=-1.0)
 
 
-# --- the gate (spec §3.11) ----------------------------------------------------------------------------------
+# --- the gate (§3) ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("d_k,expected", [(16, 0.02), (64, 2.5e-4)])
 def test_the_gate_starts_almost_closed_at_beta_one(d_k, expected):
-    """Unit-variance q, k: E|q_c − k_c| = 2/√π ≈ 1.13, so 2σ(−1.13 √d_k) (spec §3.11)."""
+    """Unit-variance q, k: E|q_c − k_c| = 2/√π ≈ 1.13, so 2σ(−1.13 √d_k) (§3)."""
     q, k = Tensor(_normal(4, 2, 32, d_k).astype(np.float64)), Tensor(_normal(4, 2, 32, d_k, seed=1).astype(np.float64))
     E = (q @ k.swapaxes(-1, -2)) * (1 / math.sqrt(d_k))
     for beta, low, high in [(1.0, expected / 2, expected * 2), (1 / math.sqrt(d_k), 0.3, 0.9)]:
@@ -238,7 +240,7 @@ def test_greedy_decoding_equals_teacher_forcing_with_centring():
     np.testing.assert_allclose(logits.data, forced.data, rtol=1e-4, atol=1e-5)
 
 
-# --- the MLU task (spec §5) ---------------------------------------------------------------------------------
+# --- the MLU task (§5) --------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def mlu():
@@ -256,8 +258,8 @@ def _answer(line):
 
 
 def test_mlu_examples_are_correct_and_encoded_character_by_character(mlu):
-    keys = np.ravel_multi_index((85 + 1000, -523 + 1000, 0, 1, 2), tasks.MLU_SHAPE)
-    assert [s[0] for s in tasks.mlu_strings(np.array([keys]))] == ["x=85,y=-523,x*y", "-44455"]   # spec §5
+    keys = np.ravel_multi_index((85 + 1000, -523 + 1000, 0, 1, 2), mlu_data.MLU_SHAPE)
+    assert [s[0] for s in mlu_data.mlu_strings(np.array([keys]))] == ["x=85,y=-523,x*y", "-44455"]   # paper's
     assert (len(mlu.in_vocab) - 1, len(mlu.out_vocab) - 3) == (17, 11)
     assert mlu.in_vocab.index("<pad>") == mlu.out_vocab.index("<pad>") == train.MLUFamily.PAD
     for name, split in mlu.splits.items():

@@ -1,9 +1,9 @@
-"""Compositional attention, the Contextual Retrieval Task and its models (spec compositional.md).
+"""Compositional attention, the Contextual Retrieval Task and its models (docs/compositional.md).
 
 Gradient checks of every variant and option are rows of tests/test_gradcheck.py's MODULES table;
 here: the reductions to multi-head attention (§5), the parameter counts of Table 6 (§6), the task
 generator against a brute-force definition (§7) and its OOD split (§8), the drop-in use inside the
-encoder, and the training command line.
+encoder, and the training command line. Section numbers (§) without "paper" are those of docs/compositional.md.
 """
 import json
 
@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import tasks
+from minattn.data import retrieval  # noqa: E402
 import train
 from minattn.attention.compositional import CompositionalAttention
 from minattn.attention.multihead import MultiHeadAttention
@@ -21,7 +22,7 @@ from minattn.models.transformer import Classifier, EncoderConfig
 
 
 def _fixed_scores(ca, P):
-    """Force the value scores c[s, r] = P[s, r] for every token (spec §5.2: "override c")."""
+    """Force the value scores c[s, r] = P[s, r] for every token (§5: "override c")."""
     def value_scores(q_bar, O_sr):
         B, S, T, R, _ = O_sr.shape
         return Tensor(np.broadcast_to(P[None, :, None, :], (B, S, T, R)).astype(O_sr.dtype))
@@ -34,7 +35,7 @@ def _zero_biases(module):
             p.data[...] = 0
 
 
-# --- §3–4: the forward pass against the spec's steps, written independently with einsum -------------------
+# --- §3–4: the forward pass against the note's steps, written independently with einsum -------------------
 
 def _softmax(z):
     e = np.exp(z - z.max(-1, keepdims=True))
@@ -42,7 +43,7 @@ def _softmax(z):
 
 
 def reference_forward(ca, x, key_mask=None):
-    """Spec §3.1 steps 1–8 (and §4 for the MLP score) from the module's weights; forbidden logits are −inf."""
+    """§3.1 steps 1–7 (and §4 for the MLP score) from the module's weights; forbidden logits are −inf."""
     def lin(m, a):
         return a @ m.weight.data + m.bias.data
     B, T, _ = x.shape
@@ -89,7 +90,7 @@ def test_forward_matches_the_spec_steps(options):
 @pytest.mark.parametrize("perm", [[0, 1, 2], [2, 0, 1]])
 def test_fixed_permutation_scores_give_multihead_attention(perm):
     """S = R = h with c fixed to a permutation π: search s reads value V_π(s), i.e. MHA whose head s has
-    (W_q^s, W_k^s, W_v^π(s)) and the same W_o (spec §5.2, paper Appendix B.1)."""
+    (W_q^s, W_k^s, W_v^π(s)) and the same W_o (§5, paper Appendix B.1)."""
     C, H = 12, 3
     rng = np.random.default_rng(0)
     ca = CompositionalAttention(C, H, H, rng=rng).double()
@@ -107,7 +108,7 @@ def test_fixed_permutation_scores_give_multihead_attention(perm):
 
 
 def test_one_retrieval_is_multihead_attention_with_one_shared_value():
-    """R = 1: c ≡ 1, so the output is concat_s(A_s V) W_o, MHA whose S heads share one W_v (spec §5.1)."""
+    """R = 1: c ≡ 1, so the output is concat_s(A_s V) W_o, MHA whose S heads share one W_v (§5)."""
     C, S = 12, 3
     rng = np.random.default_rng(1)
     ca = CompositionalAttention(C, S, 1, value_dim=C // S, rng=rng).double()
@@ -189,7 +190,7 @@ def brute_force_labels(x, S, R):
             for s in range(S):
                 r = int(np.argmax(x[b, i, S + R + s * R:S + R + (s + 1) * R]))     # one-hot, search-major
                 nearest = min((j for j in range(N) if j != i), key=lambda j: abs(float(x[b, j, s]) - float(x[b, i, s])))
-                y[b, i] += tasks.RETRIEVAL_ALPHAS[s] * x[b, nearest, S + r]
+                y[b, i] += retrieval.RETRIEVAL_ALPHAS[s] * x[b, nearest, S + r]
     return y
 
 
@@ -256,12 +257,12 @@ def test_unknown_pool_and_empty_test_pool_are_clear_errors():
     (3, 3, 21, 6, None), (4, 8, 3_276, 820, None), (4, 16, 52_428, 13_108, None), (1, 2, 1, 1, [(1,)]),
 ])
 def test_ood_split_reproduces_the_worked_examples(S, R, n_train, n_test, test):
-    tr, te = tasks.retrieval_combinations(S, R)
+    tr, te = retrieval.retrieval_combinations(S, R)
     assert (len(tr), len(te)) == (n_train, n_test)
     if test is not None:
         assert list(map(tuple, te.tolist())) == test
     assert len(set(map(tuple, np.concatenate([tr, te]).tolist()))) == R ** S    # a partition of all tuples
-    if S > 1:                                                                  # spec §8.6: each single choice
+    if S > 1:                                                                  # §8: each single choice
         assert all(set(tr[:, s].tolist()) == set(range(R)) for s in range(S))  # occurs in training
     if (S, R) == (2, 2):
         assert tr.tolist() == [[0, 0], [1, 0], [0, 1]]
@@ -332,7 +333,7 @@ def test_training_reports_l1_metrics_and_the_analysis(tmp_path, capsys):
     table = capsys.readouterr().out
     assert "g1 r3" in table and "s1 r3" in table
     train_part, ood_part = table.split("held-out (ood) combinations")
-    # the held-out combinations (spec §8) have g0 ∈ {r2, r3} and g1 ∈ {r1, r3}: only those rows, no NaN
+    # the held-out combinations (§8) have g0 ∈ {r2, r3} and g1 ∈ {r1, r3}: only those rows, no NaN
     rows = [line.split("|")[0].strip() for line in ood_part.splitlines() if line.strip()[:1] == "g" and line.strip()[1].isdigit()]
     assert rows == ["g0 r2", "g0 r3", "g1 r1", "g1 r3"] and "nan" not in ood_part
     assert "g0 r0" in train_part
@@ -351,7 +352,7 @@ def test_retrieval_flags_are_checked(tmp_path, capsys):
     assert "only the compositional models" in capsys.readouterr().err
 
 
-def test_paper_preset_follows_the_spec():
+def test_paper_preset_follows_the_paper():
     cfg = train.make_config("retrieval", "compositional", "paper")
     assert (cfg.steps, cfg.batch_size, cfg.lr, cfg.weight_decay, cfg.grad_clip, cfg.eval_every) == \
         (100_000, 256, 1e-4, 0.0, 0.0, 5000)

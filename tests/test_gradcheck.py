@@ -28,7 +28,7 @@ from minattn.models.abstractor import (AbstractorConfig, AbstractorLayer, Abstra
 from minattn.models.crt import MODELS as CRT_MODELS, CRTConfig, CRTModel, CRTMultiHeadAttention
 from minattn.models.seq2attn import Seq2Attn, model_config as seq2attn_config
 from minattn.models.transformer import ARCHITECTURES, Classifier, CopyGateLayer, EncoderConfig, PostLNLayer
-from minattn.models.transformer import DecoderLayer, Seq2SeqConfig, Seq2SeqTransformer, keras_attention
+from minattn.models.transformer import DecoderLayer, EncoderDecoderConfig, Seq2SeqTransformer, keras_attention
 from minattn.models.transformer import CoDASeq2SeqTransformer
 from minattn.ops import Softmax
 
@@ -153,7 +153,7 @@ def _layer(kind, attention):
     return CopyGateLayer(attention(cfg, rng), cfg, rng, tanh_out=kind == "gate-tanh")
 
 
-# Compositional attention at the spec's sizes (compositional.md §3.3): B = 2, N = 4, S = 2, R = 3, d_s = 4, d_v = 5.
+# Compositional attention at small sizes (docs/compositional.md §3): B = 2, N = 4, S = 2, R = 3, d_s = 4, d_v = 5.
 CA_MASK = np.array([[1, 1, 1, 0], [1, 1, 1, 1]], bool)
 
 
@@ -161,7 +161,7 @@ def _ca(**options):
     return lambda rng: CompositionalAttention(6, 2, 3, search_dim=8, value_dim=15, rng=rng, **options)
 
 
-# seq2attn (spec seq2attn.md §1.10): additive attention alone, then whole models on a padded batch of two
+# seq2attn (docs/seq2attn.md §1.8): additive attention alone, then whole models on a padded batch of two
 # (source lengths 4 and 3, target lengths 3 and 2, the loss summing both). Gumbel straight-through is not
 # finite-difference checkable (tests/test_seq2attn.py checks it against the soft sample), so the soft
 # sample is checked here, with its noise and the teacher-forcing draws fixed by a fresh RNG per call.
@@ -259,7 +259,7 @@ MODULES = [
 ]
 
 
-# Abstractor (spec abstractor.md §8.2): RCA with every σ_rel, symmetric or not, both scalings and masks;
+# Abstractor (docs/abstractor.md §1–4): RCA with every σ_rel, symmetric or not, both scalings and masks;
 # position-relative RCA with clipped offsets; the symbol mechanisms; the Abstractor layers (with the
 # Ablation's cross-attention); the encoder–decoder, its multi-attention decoder in both forms, and the
 # Abstractor architectures. Tiny sizes (heads 3 wide), no dropout.
@@ -279,7 +279,7 @@ def _rca(**options):
 
 
 def _decoder_layer(rng, contexts):
-    cfg = Seq2SeqConfig(**ABS)
+    cfg = EncoderDecoderConfig(**ABS)
     return DecoderLayer(cfg, rng, lambda role: keras_attention(cfg, rng), contexts)
 
 
@@ -315,7 +315,7 @@ MODULES += [
     ("DecoderLayer_multi_attention", lambda m, y, c1, c2, k: m(y, [c1, c2], k),
      lambda rng: _decoder_layer(rng, (0, 1)), inputs(N(2, 3, 8), N(2, 5, 8), N(2, 5, 8), const(ABS_MASK))),
     ("Seq2SeqTransformer", lambda m, x, t, k: m(x, t, k),
-     lambda rng: Seq2SeqTransformer(7, 6, Seq2SeqConfig(**ABS), d_src=3), ABS_SEQ),
+     lambda rng: Seq2SeqTransformer(7, 6, EncoderDecoderConfig(**ABS), d_src=3), ABS_SEQ),
     ("RelationalClassifier", lambda m, x: m(x),
      lambda rng: RelationalClassifier(4, 3, 2, SimplifiedConfig(**SIMPLE)), inputs(N(2, 3, 4))),
 ] + [
@@ -328,7 +328,7 @@ MODULES += [
 ]
 
 
-# CoDA (spec coda.md §3.1): the fused L1 distance (in one block, and in blocks of query rows and of
+# CoDA (docs/coda.md §3.1): the fused L1 distance (in one block, and in blocks of query rows and of
 # (sample, head) slabs) and its composite; the Transformer form with every mask, gate, centring, temperature
 # and Table 9 composition; the pairwise form; the CoDA encoder–decoder. Random float64 inputs make ties
 # q_ic = k_jc (the kink of |·|) improbable; the pairwise rows never compare a sequence with itself.
@@ -340,7 +340,7 @@ def _coda(**options):
 
 
 @dataclasses.dataclass
-class _CoDASeq2SeqConfig(CoDAConfig, Seq2SeqConfig):
+class _CoDAEncoderDecoderConfig(CoDAConfig, EncoderDecoderConfig):
     pass
 
 
@@ -377,7 +377,7 @@ MODULES += [
                                        dict(shared=True, gate="centered", center_e=True, alpha=0.7, beta=0.5))]
 ] + [
     ("CoDASeq2SeqTransformer_centered", lambda m, x, t, k: m(x, t, k),
-     lambda rng: CoDASeq2SeqTransformer(7, 6, _CoDASeq2SeqConfig(**ABS, coda_gate="centered", coda_center_e=True),
+     lambda rng: CoDASeq2SeqTransformer(7, 6, _CoDAEncoderDecoderConfig(**ABS, coda_gate="centered", coda_center_e=True),
                                         d_src=3, seed=1), ABS_SEQ),
 ]
 

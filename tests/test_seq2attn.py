@@ -1,4 +1,4 @@
-"""seq2attn (spec seq2attn.md §1): Gumbel straight-through against its soft sample, argmax attention at
+"""seq2attn (docs/seq2attn.md §1): Gumbel straight-through against its soft sample, argmax attention at
 evaluation, padding masks, batched vs per-example gradients, long unrolls, sizes, and the training CLI.
 Finite-difference checks of the soft paths are rows of tests/test_gradcheck.py."""
 import json
@@ -76,7 +76,7 @@ def test_bad_attention_options_are_rejected():
 
 # --- the model ---------------------------------------------------------------------------------------------
 
-def test_parameter_counts_match_the_spec():
+def test_parameter_counts_match_the_reference():
     sizes = {(19, 12, "seq2attn", 256, 256): 1_523_982, (19, 12, "seq2seq", 128, 512): 3_888_525,
              (19, 12, "seq2seq", 256, 256): 1_128_717, (15, 10, "seq2attn", 512, 512): 6_058_508}
     for (v_in, v_out, name, E, H), n in sizes.items():

@@ -1,8 +1,9 @@
-"""Tests for tasks.py: spec ndr.md §7 generators, batching (§1.1, §6.4), the disk cache and the CLI.
+"""The NDR paper's tasks (docs/ndr.md §7), batching (§1, §6), the disk cache and the tasks.py CLI.
 
 Answers are re-derived by evaluators written independently of the generators: permutation matrices for
 CTL, Python's eval for arithmetic (mod 10 commutes with + and *), and a recursive-descent parser for
 ListOps. ListOps and arithmetic use shrunken sizes; CTL is generated at full size (a few seconds).
+Section numbers (§) without "paper" are those of docs/ndr.md.
 """
 import math
 import os
@@ -17,6 +18,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tasks  # noqa: E402
+from minattn.data import listops as listops_data, ndr  # noqa: E402
 
 SPLITS = ["train", "iid", "valid", "test"]
 SMALL_ARITH = dict(n_train=2_000, n_iid=200, n_valid=100, n_test=100)
@@ -85,7 +87,7 @@ def arith_eval(expr):
 
 
 def listops_eval(tokens):
-    """Recursive-descent parse -> (value, dependency depth, tree depth, length in §7.3.5 units)."""
+    """Recursive-descent parse -> (value, dependency depth, tree depth, length in §7.3 units)."""
     pos = 0
 
     def node():
@@ -121,7 +123,7 @@ def listops_eval(tokens):
 
 
 def listops_reference_draw(r: random.Random, lo, hi, p_op=0.3, max_args=5):
-    """The §7.3.3 sampler written literally, one recursive tree at a time -> token list."""
+    """The §7.3 sampler written literally, one recursive tree at a time -> token list."""
     ops = ["[MIN", "[MAX", "[MED", "[SM"]
 
     def wrap(args):
@@ -145,13 +147,13 @@ def listops_reference_draw(r: random.Random, lo, hi, p_op=0.3, max_args=5):
 # ---------------------------------------------------------------------------------------------------
 
 def test_ctl_tables_check_values():
-    t = tasks.ctl_tables()
+    t = ndr.ctl_tables()
     assert t[0].tolist() == [6, 1, 5, 7, 0, 4, 2, 3]
     assert t[1].tolist() == [6, 5, 7, 3, 2, 0, 4, 1]
 
 
 def test_ctl_sizes_vocab_and_depths(ctl):
-    assert len(ctl.vocab) == 19 and ctl.classes == ctl.vocab[:8] and ctl.readout == "eos"
+    assert len(ctl.vocab) == 19 and ctl.classes == ctl.vocab[:8]
     assert {k: len(v) for k, v in ctl.splits.items()} == {"train": 53_704, "iid": 4_000, "valid": 1_000,
                                                           "test": 1_000}
     ranges = {"train": (1, 5), "iid": (2, 5), "valid": (6, 8), "test": (9, 10)}
@@ -164,7 +166,7 @@ def test_ctl_sizes_vocab_and_depths(ctl):
 
 
 def test_ctl_pool_replay_histogram(ctl):
-    """Replay §7.1.6-7 independently: the pool's depth histogram is the spec's 480/4,350/24,010/32,296,
+    """Replay draws 2-3 of §7.1 independently: the pool's depth histogram is 480/4,350/24,010/32,296,
     and train (depth >= 2) and iid are disjoint parts of it that leave 4,000 out (test-IID)."""
     rs = np.random.RandomState(0x12345678)
     for _ in range(11):
@@ -216,7 +218,7 @@ def test_ctl_no_overlap(ctl):
 # ---------------------------------------------------------------------------------------------------
 
 def test_arith_sizes_depths_answers(arith):
-    assert len(arith.vocab) == 14 and len(arith.classes) == 10 and arith.readout == "eos"
+    assert len(arith.vocab) == 14 and len(arith.classes) == 10
     sizes = {"train": 2_200, "iid": 400, "valid": 100, "test": 100}
     depth_counts = {"train": {1: 200, 2: 500, 3: 500, 4: 500, 5: 500}, "iid": {1: 200, 2: 50, 3: 50, 4: 50, 5: 50},
                     "valid": {6: 100}, "test": {7: 50, 8: 50}}
@@ -236,16 +238,16 @@ def test_arith_sizes_depths_answers(arith):
 
 
 def test_arith_full_size_bins():
-    assert tasks.balanced_bins(100_000, 3, 6) == {3: 25_000, 4: 25_000, 5: 25_000, 6: 25_000}
-    assert tasks.balanced_bins(1_000, 8, 9) == {8: 500, 9: 500}
-    assert tasks.balanced_bins(10, 3, 6) == {3: 3, 4: 3, 5: 2, 6: 2}
+    assert ndr.balanced_bins(100_000, 3, 6) == {3: 25_000, 4: 25_000, 5: 25_000, 6: 25_000}
+    assert ndr.balanced_bins(1_000, 8, 9) == {8: 500, 9: 500}
+    assert ndr.balanced_bins(10, 3, 6) == {3: 3, 4: 3, 5: 2, 6: 2}
 
 
 def test_arith_sampler_depth_range():
-    u = tasks._uniform_stream(np.random.default_rng(1))
+    u = ndr._uniform_stream(np.random.default_rng(1))
     for lo, hi, p in [(3, 6, 0.2), (7, 7, 0.3), (8, 9, 0.3)]:
         for _ in range(300):
-            expr, value, depth = tasks.arith_sample(u, lo, hi, p)
+            expr, value, depth = ndr.arith_sample(u, lo, hi, p)
             assert lo <= depth <= hi and arith_eval(expr) == (value, depth - 1)
 
 
@@ -269,7 +271,7 @@ def test_arith_deterministic_and_seeded(tmp_path, arith):
 # ---------------------------------------------------------------------------------------------------
 
 def test_listops_sizes_depths_answers(listops):
-    assert len(listops.vocab) == 15 and listops.readout == "sos"
+    assert len(listops.vocab) == 15
     expected = {"train": {1: 200, 2: 200, 3: 200, 4: 200, 5: 200}, "iid": {1: 20, 2: 20, 3: 20, 4: 20, 5: 20},
                 "valid": {6: 50}, "test": {7: 10, 8: 10}}
     for split in SPLITS:
@@ -298,7 +300,7 @@ def test_listops_ops_tie_breaks():
     nargs, ones = np.array([3, 2, 5]), np.ones(10, np.int64)
     for op, want_val, want_dd in [(0, [1, 7, 2], [5, 3, 2]), (1, [3, 7, 5], [2, 3, 2]),
                                   (2, [1, 7, 5], [2, 3, 7]), (3, [5, 4, 2], [5, 3, 7])]:
-        v, td, d, ln = tasks._apply_ops(np.full(3, op), nargs, val, ones, dd, ones)
+        v, td, d, ln = listops_data._apply_ops(np.full(3, op), nargs, val, ones, dd, ones)
         assert v.tolist() == want_val and d.tolist() == want_dd, op
         assert td.tolist() == [2, 2, 2] and ln.tolist() == [6, 5, 8]
 
@@ -313,13 +315,13 @@ def _profile(draws):
 
 @pytest.mark.parametrize("lo,hi", [(2, 6), (4, 5)])
 def test_listops_vectorised_sampler_matches_reference(lo, hi):
-    """The breadth-first sampler has the distribution of the literal recursive one (§7.3.3)."""
+    """The breadth-first sampler has the distribution of the literal recursive one (§7.3)."""
     r = random.Random(0)
     ref = []
     for _ in range(20_000):
         v, dep, td, ln = listops_eval(listops_reference_draw(r, lo, hi))
         ref.append(("long",) if ln > 50 else (dep, td, (ln - 1) // 10))
-    d = tasks._ListOpsDraws(np.random.default_rng(0), 100_000, lo, hi)
+    d = listops_data._ListOpsDraws(np.random.default_rng(0), 100_000, lo, hi)
     vec = [("long",) if ln > 50 else (dep, td, (ln - 1) // 10)
            for dep, td, ln in zip(d.dep_depth.tolist(), d.tree_depth.tolist(), d.length.tolist())]
     (pa, na), (pb, nb) = _profile(ref), _profile(vec)
@@ -328,11 +330,11 @@ def test_listops_vectorised_sampler_matches_reference(lo, hi):
         p = (pa.get(key, 0) + pb.get(key, 0)) / (na + nb)
         z = abs(fa - fb) / math.sqrt(p * (1 - p) * (1 / na + 1 / nb))
         assert z < 5, (key, fa, fb)
-    again = tasks._ListOpsDraws(np.random.default_rng(0), 100_000, lo, hi)       # deterministic
+    again = listops_data._ListOpsDraws(np.random.default_rng(0), 100_000, lo, hi)       # deterministic
     assert np.array_equal(again.value, d.value) and np.array_equal(again.length, d.length)
     # and the vectorised draws are internally consistent with the parser
     for i in np.flatnonzero(d.length <= 50)[:500].tolist():
-        value, dep, td, ln = listops_eval([tasks.ListOpsTask.vocab[t] for t in d.tokens(i)])
+        value, dep, td, ln = listops_eval([listops_data.ListOpsTask.vocab[t] for t in d.tokens(i)])
         assert (value, dep, td, ln) == (d.value[i], d.dep_depth[i], d.tree_depth[i], d.length[i])
 
 
@@ -464,13 +466,13 @@ def test_cache_round_trip_and_corruption(tmp_path, recwarn):
 # ---------------------------------------------------------------------------------------------------
 
 def test_cli_export_and_stats(ctl, cache, tmp_path, capsys):
-    assert tasks._main(["export", "--task", "ctl-backward", "--out", str(tmp_path), "--cache-dir", cache]) == 0
+    assert tasks.main(["export", "--task", "ctl-backward", "--out", str(tmp_path), "--cache-dir", cache]) == 0
     lines = (tmp_path / "test.tsv").read_text().splitlines()
     assert len(lines) == 1_000
     inp, label = lines[0].split("\t")
     assert ctl_eval(inp.split(), backward=True)[0] == int(label, 2)
     assert sorted(os.listdir(tmp_path)) == ["iid.tsv", "test.tsv", "train.tsv", "valid.tsv"]
-    assert tasks._main(["stats", "--task", "ctl", "--cache-dir", cache]) == 0
+    assert tasks.main(["stats", "--task", "ctl", "--cache-dir", cache]) == 0
     out = capsys.readouterr().out
     assert "53,704" in out
     iid = ctl.splits["iid"]

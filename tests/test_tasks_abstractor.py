@@ -1,4 +1,4 @@
-"""The Abstractor's tasks (spec abstractor.md §6, §8.5) and their training families in train.py."""
+"""The Abstractor's tasks (docs/abstractor.md §6) and their training families in train.py."""
 import itertools
 import json
 
@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import tasks
+from minattn.data import objects  # noqa: E402
 import train
 
 
@@ -81,7 +82,7 @@ def test_pairwise_order():
 
 
 def test_set_cards_and_rule():
-    attrs = tasks.card_attributes()
+    attrs = objects.card_attributes()
     assert attrs.shape == (81, 4) and len({tuple(a) for a in attrs.tolist()}) == 81
     np.testing.assert_array_equal(attrs[[0, 5, 40, 80]], [[0, 0, 0, 0], [0, 0, 1, 2], [1, 1, 1, 1], [2, 2, 2, 2]])
     assert tasks.is_set(attrs[[0, 40, 80]]) and not tasks.is_set(attrs[[0, 1, 5]])
@@ -112,7 +113,7 @@ def test_set_triples_by_brute_force(check_negatives):
 
 def test_set_card_encodings():
     onehot = tasks.SetTask().objects
-    np.testing.assert_array_equal(onehot.reshape(81, 4, 3).argmax(-1), tasks.card_attributes())
+    np.testing.assert_array_equal(onehot.reshape(81, 4, 3).argmax(-1), objects.card_attributes())
     assert (onehot.sum(1) == 4).all()
     random64 = tasks.SetTask(cards="random64").objects
     M = np.random.default_rng(12345).standard_normal((64, 12))
@@ -123,8 +124,8 @@ def test_set_card_encodings():
 
 def test_get_task_and_cli(tmp_path, capsys):
     assert isinstance(tasks.get_task("pairwise"), tasks.PairwiseOrderTask)
-    assert tasks._main(["stats", "--task", "set"]) == 0 and "7,000 samples of 3 objects" in capsys.readouterr().out
-    assert tasks._main(["export", "--task", "pairwise", "--out", str(tmp_path)]) == 0
+    assert tasks.main(["stats", "--task", "set"]) == 0 and "7,000 samples of 3 objects" in capsys.readouterr().out
+    assert tasks.main(["export", "--task", "pairwise", "--out", str(tmp_path)]) == 0
     first = (tmp_path / "train.tsv").read_text().splitlines()[0].split("\t")
     assert len(first[0].split()) == 2 and first[1] in ("0", "1")
 

@@ -1,5 +1,6 @@
-"""The seq2seq tasks of tasks.py (spec seq2attn.md §2–3): lookup tables and SCAN match the reference
-files (line counts and md5 sums of their C-sorted lines), batching, and the export command line."""
+"""The seq2seq tasks of tasks.py (docs/seq2attn.md §2–3): lookup tables and SCAN match the reference
+files (line counts and md5 sums of their C-sorted lines), batching, and the export command line.
+Section numbers (§) without "paper" are those of docs/seq2attn.md."""
 import hashlib
 import itertools
 import os
@@ -11,12 +12,13 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tasks  # noqa: E402
+from minattn.data import seq2seq  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def sorted_md5(lines):
-    """md5 of `LC_ALL=C sort FILE` (spec §2.4): lines sorted as bytes, each followed by a newline."""
+    """md5 of `LC_ALL=C sort FILE` (§2.4): lines sorted as bytes, each followed by a newline."""
     return hashlib.md5(b"".join(sorted(line.encode() + b"\n" for line in lines))).hexdigest()
 
 
@@ -27,7 +29,7 @@ def lookup():
 
 # --- lookup tables ----------------------------------------------------------------------------------------
 
-LOOKUP_FILES = {  # spec §2.4: the rule-built files of sample1
+LOOKUP_FILES = {  # §2.4: the rule-built files of sample1
     "train": (232, "cdadf32d85cd6d8e5292aaac7f2ca53c"),
     "validation": (16, "2a19637b24d43533caf3e5ebc559eff1"),
     "heldout_inputs": (40, "932f0aee7dff1bee9d6f977e8ff1180d"),
@@ -45,7 +47,7 @@ def test_lookup_rule_built_splits_match_sample1(lookup, name):
 
 def _compose(bits, tables):
     """Independent of the generator: tables as permutation lists indexed by the integer value."""
-    perms = {t: [int(v, 2) for v in row.split()] for t, row in tasks.LOOKUP_TABLES.items()}
+    perms = {t: [int(v, 2) for v in row.split()] for t, row in seq2seq.LOOKUP_TABLES.items()}
     x, out = int(bits, 2), [bits]
     for t in tables:
         x = perms[t][x]
@@ -54,7 +56,7 @@ def _compose(bits, tables):
 
 
 def test_lookup_every_line_is_a_correct_composition(lookup):
-    assert tasks.lookup_example("100", ["t3", "t1"])[2] == "100 t3 t1 .\t100 011 010\t0 1 2 3"  # spec §2.2
+    assert seq2seq.lookup_example("100", ["t3", "t1"])[2] == "100 t3 t1 .\t100 011 010\t0 1 2 3"  # §2.2
     for name, split in lookup.splits.items():
         for line, x, y in zip(split.lines, split.inputs, split.targets):
             src, tgt, attn = line.split("\t")
@@ -85,7 +87,7 @@ def test_lookup_longer_compositions_have_the_reference_structure(lookup):
 
 
 def test_lookup_vocabularies_and_seeds(lookup):
-    assert (len(lookup.in_vocab), len(lookup.out_vocab)) == (19, 12)                      # spec §1.1
+    assert (len(lookup.in_vocab), len(lookup.out_vocab)) == (19, 12)                      # §1.1
     assert lookup.decode(lookup.splits["train"].targets[0]) == "000 110 <eos>"             # t1(000) = 110
     other = tasks.get_task("lookup", seed=1)
     assert other.splits["train"].lines == lookup.splits["train"].lines                 # rule-built: seed-free
@@ -96,7 +98,7 @@ def test_lookup_vocabularies_and_seeds(lookup):
 
 # --- SCAN -----------------------------------------------------------------------------------------------
 
-SCAN_FILES = {  # spec §3.4: split -> {file: (lines, md5 of C-sorted lines)}
+SCAN_FILES = {  # §3.4: split -> {file: (lines, md5 of C-sorted lines)}
     "length": {"train": (16990, "47c6bcda51813555790799959b73d06f"),
                "test": (3920, "165706b4ce09dd97720e62d1e19be055")},
     "addprim_jump": {"train": (14670, "284c099e5c77486947c3e210ee2be11a"),
@@ -118,7 +120,7 @@ SCAN_FILES = {  # spec §3.4: split -> {file: (lines, md5 of C-sorted lines)}
 }
 for _k in range(4):
     SCAN_FILES[f"filler{_k}"]["test"] = SCAN_FILES["jump_around_right"]["test"]
-CUTOFFS = {  # spec §3.5 (pool in C-sorted order): K -> train / iid / ood (lines, md5)
+CUTOFFS = {  # §3.5 (pool in C-sorted order): K -> train / iid / ood (lines, md5)
     22: ((15292, "d26a12fd8096b12b89a4cd602adde577"), (1698, "c5a67e24a59902e1481e23a281f34887"),
          (3920, "165706b4ce09dd97720e62d1e19be055")),
     24: ((15594, "222a55ba13e0923eb37a8b5689ea6d30"), (1732, "5e75d4a56c82a6f99158729db6d08200"),
@@ -145,8 +147,8 @@ CUTOFFS = {  # spec §3.5 (pool in C-sorted order): K -> train / iid / ood (line
 
 
 def test_scan_grammar_gives_the_20910_reference_commands():
-    pairs = tasks.scan_commands()
-    lines = [tasks.scan_line(p) for p in pairs]
+    pairs = seq2seq.scan_commands()
+    lines = [seq2seq.scan_line(p) for p in pairs]
     assert len(set(lines)) == len(lines) == 20910
     assert sorted_md5(lines) == "52d3ae22c3483a66396c82d4939f9450"
     assert max(len(c.split()) for c, _ in pairs) == 9
@@ -155,27 +157,27 @@ def test_scan_grammar_gives_the_20910_reference_commands():
     assert {k: lengths[k] for k in np.flatnonzero(lengths) if k > 22} == {
         24: 336, 25: 448, 26: 512, 27: 448, 28: 448, 30: 576, 32: 448, 33: 256, 36: 64, 40: 256, 48: 128}
     assert "IN: jump opposite left after walk around left OUT: I_TURN_LEFT I_WALK I_TURN_LEFT I_WALK I_TURN_LEFT " \
-           "I_WALK I_TURN_LEFT I_WALK I_TURN_LEFT I_TURN_LEFT I_JUMP" in lines                      # spec §3.2
+           "I_WALK I_TURN_LEFT I_WALK I_TURN_LEFT I_TURN_LEFT I_JUMP" in lines                      # §3.2
 
 
 @pytest.mark.parametrize("split", SCAN_FILES)
 def test_scan_rule_splits_match_the_reference_files(split):
     task = tasks.get_task("scan", split=split)
-    assert (len(task.in_vocab), len(task.out_vocab)) == (15, 10)                          # spec §1.1
+    assert (len(task.in_vocab), len(task.out_vocab)) == (15, 10)                          # §1.1
     assert {k: (len(s), sorted_md5(s.lines)) for k, s in task.splits.items()} == SCAN_FILES[split]
 
 
-@pytest.mark.parametrize("k", tasks.SCAN_CUTOFFS)
+@pytest.mark.parametrize("k", seq2seq.SCAN_CUTOFFS)
 def test_scan_length_cutoff_resplits(k):
     got = tasks.scan_split(f"length_cutoff_{k}")
-    lines = {name: [tasks.scan_line(p) for p in got[name]] for name in ("train", "iid", "test")}
+    lines = {name: [seq2seq.scan_line(p) for p in got[name]] for name in ("train", "iid", "test")}
     assert tuple((len(v), sorted_md5(v)) for v in lines.values()) == CUTOFFS[k]
 
 
 def test_scan_simple_split_is_a_seeded_80_20_partition():
     a, b = (tasks.scan_split("simple", seed) for seed in (0, 1))
-    all_lines = {tasks.scan_line(p) for p in tasks.scan_commands()}
-    train, test = ({tasks.scan_line(p) for p in a[k]} for k in ("train", "test"))
+    all_lines = {seq2seq.scan_line(p) for p in seq2seq.scan_commands()}
+    train, test = ({seq2seq.scan_line(p) for p in a[k]} for k in ("train", "test"))
     assert (len(a["train"]), len(a["test"])) == (len(train), len(test)) == (16728, 4182)
     assert not train & test and train | test == all_lines
     assert a == tasks.scan_split("simple", 0) and a["test"] != b["test"]

@@ -150,7 +150,7 @@ def test_evaluate_reruns_a_checkpoint_with_more_encoder_steps(tmp_path, capsys):
     assert code == 2 and "n_steps_eval" in err and err.count("\n") == 1
 
 
-def test_paper_preset_matches_the_spec_table():
+def test_paper_preset_matches_the_paper_table():
     cfg = train.make_config("ctl-backward", "ndr", "paper")
     e = cfg.model_config
     assert (e.d_model, e.d_ff, e.n_head, e.n_steps, cfg.lr, cfg.weight_decay) == (256, 512, 1, 14, 1.5e-4, 0.01)

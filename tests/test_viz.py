@@ -10,7 +10,7 @@ import pytest
 
 from minattn import backend, viz
 from minattn.models import abstractor, crt, seq2attn
-from minattn.models.transformer import Classifier, CoDASeq2SeqTransformer, EncoderConfig, Seq2SeqConfig
+from minattn.models.transformer import Classifier, CoDASeq2SeqTransformer, EncoderConfig, EncoderDecoderConfig
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tasks  # noqa: E402
@@ -68,7 +68,7 @@ def relational_pictures(device, activation="sigmoid"):
 
 
 def coda_seq2seq(device):
-    cfg = Seq2SeqConfig(d_model=8, d_ff=8, n_head=2, n_encoder_layers=2, n_decoder_layers=1)
+    cfg = EncoderDecoderConfig(d_model=8, d_ff=8, n_head=2, n_encoder_layers=2, n_decoder_layers=1)
     return CoDASeq2SeqTransformer(7, 7, cfg, n_src_tokens=6, seed=0).to(device)
 
 

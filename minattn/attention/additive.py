@@ -1,5 +1,5 @@
 """MLP ("additive") attention with Gumbel-softmax straight-through weights, as in seq2attn (Korrel,
-Hupkes, Dankers & Bruni 2019, "Transcoding compositionally", §3, Eqs. 5–8; spec seq2attn.md §1.5–1.7).
+Hupkes, Dankers & Bruni 2019, "Transcoding compositionally", §3, Eqs. 5–8; design note docs/seq2attn.md §1.3–1.5).
 
 The score of key k_j (an encoder state) for the query q (the transcoder state) is an MLP of their
 concatenation, e_j = w2 · ReLU(W1 [k_j ; q] + b1) + b2 (Eq. 5). The weights α are, by ``activation``:

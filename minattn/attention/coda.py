@@ -1,5 +1,5 @@
 """CoDA, Compositional De-Attention (Tay, Luu, Zhang, Wang & Hui 2019, "Compositional De-Attention
-Networks", NeurIPS; spec coda.md): quasi-attention without softmax.
+Networks", NeurIPS; design note docs/coda.md): quasi-attention without softmax.
 
 Softmax weights lie in (0, 1) and sum to 1 over the keys, so attention can only re-weight values.
 CoDA's quasi-attention M = tanh(E) ⊙ gate(N) lies in (−1, 1) and is NOT normalised over keys: a query
@@ -7,14 +7,14 @@ can add (+1), subtract (−1) or delete (0) each value. E is an ordinary similar
 is a dissimilarity, the negative L1 distance, whose gate erases pairs that are far apart. The paper's
 letters are kept: E affinity, N negative affinity, M quasi-attention, α and β temperatures.
 
-* Transformer form (paper Eq. 10; spec §3), ``CoDAttention``, a drop-in for ``MultiHeadAttention``
+* Transformer form (paper Eq. 10; docs/coda.md §3), ``CoDAttention``, a drop-in for ``MultiHeadAttention``
   with the same parameters: per head, E = α Q Kᵀ/√d_k, N = β G/√d_k with G_ij = −Σ_c |Q_ic − K_jc|,
   Out = (tanh(E) ⊙ 2σ(N) ⊙ mask) V, heads concatenated, then W_o.
-* Pairwise form (paper Eqs. 1–7; spec §2), ``PairwiseCoDA``: A′ = M B and B′ = Mᵀ A.
+* Pairwise form (paper Eqs. 1–7; docs/coda.md §2), ``PairwiseCoDA``: A′ = M B and B′ = Mᵀ A.
 
 Gate (the paper's range fix): "scaled" 2σ(N) ∈ (0, 1] (Eq. 5, the default) or "centered" σ(N − Mean N)
 (Eq. 4); ``center_e`` also centres E (Eq. 6). Mean(·) is over the valid entries of each (sample, head)
-matrix (spec §2.9), except with ``row_mean`` (decoder self- and cross-attention): a matrix-wide mean
+matrix (docs/coda.md §2), except with ``row_mean`` (decoder self- and cross-attention): a matrix-wide mean
 would let position i see later positions, so each query row is centred over its own keys (project
 choice). ``composition`` selects the paper's Table 9 variants F_X(E) ⊙ F_Y(N) (one flag, "tanh-sigmoid"
 by default). Masks are True where attention is allowed and are multiplicative: a masked key gets weight
@@ -45,7 +45,7 @@ GATES = ("scaled", "centered")
 
 class L1Distance(Function):
     """D_ij = Σ_c |q_ic − k_jc| for q (N, T_q, d), k (N, T_k, d) → (N, T_q, T_k), block by block.
-    ∂D_ij/∂q_ic = sign(q_ic − k_jc) = −∂D_ij/∂k_jc, with sign(0) = 0 (spec §3.1)."""
+    ∂D_ij/∂q_ic = sign(q_ic − k_jc) = −∂D_ij/∂k_jc, with sign(0) = 0 (docs/coda.md §3.1)."""
 
     def __init__(self, block=None):
         self.block = block
@@ -110,7 +110,7 @@ class Arctan(Function):
 
 # Paper Table 9, M = F_X(E) ⊙ F_Y(N), read literally: F_Y replaces the gate's σ, and the factor 2 of Eq. 5
 # stays with σ (it undoes σ(0) = 1/2; the others map 0 to 0). arctan is rescaled by 2/π and "algebraic"
-# is x/√(1 + x²), both unconfirmed (spec §4). With σ(E), weights are never negative.
+# is x/√(1 + x²), both project choices (docs/coda.md §4). With σ(E), weights are never negative.
 E_FUNCTIONS = {"tanh": F.tanh, "sigmoid": F.sigmoid}
 N_FUNCTIONS = {"sigmoid": F.sigmoid, "tanh": F.tanh, "arctan": lambda n: Arctan()(n) * (2 / math.pi),
                "algebraic": lambda n: n * (n * n + 1.0) ** -0.5}
@@ -129,7 +129,7 @@ def masked_mean(x, valid, axes):
 
 def quasi_attention(E, N, mask=None, stats=None, gate="scaled", center_e=False, composition="tanh-sigmoid",
                     row_mean=False):
-    """(M, gate): M = F_X(E) ⊙ gate(N) ⊙ mask (Eqs. 3–6; spec §3.4–3.8). ``stats`` marks the entries that
+    """(M, gate): M = F_X(E) ⊙ gate(N) ⊙ mask (paper Eqs. 3–6; docs/coda.md §3). ``stats`` marks the entries that
     count in Mean(·) (default: ``mask``); ``row_mean`` takes Mean(·) per query row instead of per matrix."""
     f_e, f_n = (fns[name] for fns, name in zip((E_FUNCTIONS, N_FUNCTIONS), composition.split("-")))
     axes, stats = (-1,) if row_mean else (-2, -1), mask if stats is None else stats
@@ -157,7 +157,7 @@ def _check_options(gate, composition, alpha, beta):
 class CoDAConfig:
     """CoDA's options as fields of a model configuration (so ``--set coda_beta=0.18`` reaches them)."""
     coda_alpha: float = 1.0                  # α, temperature of E
-    coda_beta: float = 1.0                   # β, temperature of N; < 1 opens the gate at init (spec §3.11)
+    coda_beta: float = 1.0                   # β, temperature of N; < 1 opens the gate at init (docs/coda.md §3)
     coda_gate: str = "scaled"                # "scaled": 2σ(N) (Eq. 5); "centered": σ(N − Mean N) (Eq. 4)
     coda_center_e: bool = False              # E ← E − Mean(E) (Eq. 6)
     coda_scale: bool = True                  # the 1/√d_k of E and N (paper footnote 3 allows dropping it)
@@ -168,7 +168,7 @@ class CoDAttention(MultiHeadAttention):
     """CoDA in the Transformer (paper Eq. 10): MultiHeadAttention's projections and interface (key_mask,
     causal, context, kv, return_weights, record → ``last_weights`` = M and ``last_gate``), with softmax
     replaced by the quasi-attention M; no new parameters. While ``gate_log`` is a list, every call appends
-    its mean gate over valid entries (``mean_gate``): at β = 1 the gate starts almost closed (spec §3.11)."""
+    its mean gate over valid entries (``mean_gate``): at β = 1 the gate starts almost closed (docs/coda.md §3)."""
     last_gate = gate_log = None
 
     def __init__(self, d_model, n_head, attention_dropout=0.0, rng=None, d_head=None, bias=False, alpha=1.0,
@@ -222,7 +222,7 @@ def mean_gate(model, run):
 
 
 class PairwiseCoDA(Module):
-    """The pairwise (cross) form (paper Eqs. 1–7; spec §2) for sequences A (B, ℓ_A, d) and B (B, ℓ_B, d):
+    """The pairwise (cross) form (paper Eqs. 1–7; docs/coda.md §2) for sequences A (B, ℓ_A, d) and B (B, ℓ_B, d):
         E = α F_E(A) F_E(B)ᵀ,  N_ij = −β ‖F_N(a_i) − F_N(b_j)‖₁,  M = tanh(E) ⊙ gate(N),  A′ = M B,  B′ = Mᵀ A
     F_E, F_N are linear maps d → d_proj (``shared``: F_N = F_E); no 1/√d (Eqs. 1–2 have none: use α, β).
     The raw sequences are pooled, with no value projection (Eq. 7). Masks (B, ℓ) mark real positions.

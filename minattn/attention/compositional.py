@@ -1,5 +1,5 @@
 """Compositional attention (Mittal, Raparthy, Rish, Bengio & Lajoie 2022, "Compositional Attention:
-Disentangling Search and Retrieval", §3, Eqs. 7–14; spec compositional.md §3–5).
+Disentangling Search and Retrieval", §3, Eqs. 7–14; design note docs/compositional.md §3–5).
 
 A head of multi-head attention ties a search (which token to read: a query–key match) to one fixed
 retrieval (what to read from it: a value projection). Compositional attention unties the two: S
@@ -9,7 +9,7 @@ search, a soft mixture of its R candidates by a second attention whose query Q̄
 the token itself and whose keys K̄_sr = O_sr W̄_k are the candidates (Eqs. 11–13: value scores
 c_sr = softmax_r(Q̄_s · K̄_sr / √d_s)); the S chosen values Σ_r c_sr O_sr are concatenated and mapped
 out by W_o (Eq. 14). With R = 1, or with S = R and c fixed to a permutation, it is multi-head
-attention (spec §5). Options: ``score="mlp"`` replaces the dot-product score by the linear score
+attention (docs/compositional.md §5). Options: ``score="mlp"`` replaces the dot-product score by the linear score
 w·[Q̄_s; O_sr] + b (Appendix B.7); ``concat`` appends the token's own projection x W_c before W_o
 (always on in the CRT code); ``separate`` gives every retrieval its own W̄_k^r; ``mask_diagonal``
 forbids a token to find itself (the CRT). Letters follow the paper: S searches, R retrievals, d_s the
@@ -25,7 +25,8 @@ from .. import backend
 from .. import functional as F
 from ..nn import Linear, Module, Parameter, uniform
 
-MASKED = -1e9  # substitute logit for forbidden keys: finite, so no inf − inf enters the graph (spec §3.3)
+# Substitute logit for forbidden keys: finite, so no inf − inf enters the graph (docs/compositional.md §3.3).
+MASKED = -1e9
 
 
 def search_mask(key_mask, T, mask_diagonal, like):
@@ -62,7 +63,7 @@ class CompositionalAttention(Module):
         self.own = Linear(d_model, self.d_v, rng=rng) if concat else None     # W_c   (concat option)
         if score == "mlp":
             self.score_net = Linear(self.d_s + self.d_v, 1, rng=rng)          # w, b of Appendix B.7
-        elif separate:  # the code's GroupLinear init: U(±sqrt(6/(d_v + d_r))), zero bias (spec §3.4)
+        elif separate:  # the code's GroupLinear init: U(±sqrt(6/(d_v + d_r))), zero bias (docs/compositional.md §3.4)
             self.w_key = Parameter(uniform(rng, (n_retrieval, self.d_v, self.d_s),
                                            math.sqrt(6.0 / (self.d_v + self.d_s))))
             self.b_key = Parameter(np.zeros((n_retrieval, 1, self.d_s), backend.DEFAULT_DTYPE))

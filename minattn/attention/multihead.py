@@ -1,5 +1,5 @@
 """Scaled dot-product multi-head attention (Vaswani et al. 2017, "Attention Is All You Need",
-§3.2, Eqs. 1–2; spec ndr.md §4.1).
+§3.2, Eqs. 1–2; its use in the NDR baselines: docs/ndr.md §4.1).
 
     Attention(Q, K, V) = softmax(Q Kᵀ / sqrt(d_head)) V,   per head, heads concatenated, then W_o
 
@@ -44,7 +44,7 @@ class MultiHeadAttention(Module):
 
     def __init__(self, d_model, n_head, attention_dropout=0.0, rng=None, d_head=None, bias=False):
         """``d_head`` (default d_model / n_head) and ``bias`` (on q, k, v and o, initialised to 0) give
-        the Keras layer of the Abstractor code, whose heads are each d_model wide (abstractor.md §5)."""
+        the Keras layer of the Abstractor code, whose heads are each d_model wide (docs/abstractor.md §5)."""
         rng = rng or np.random.default_rng(0)
         self.n_head, self.d_head = n_head, d_head or head_size(d_model, n_head)
         inner = n_head * self.d_head

@@ -1,5 +1,5 @@
 """Relational cross-attention (Altabaa, Webb, Cohen & Lafferty 2024, "Abstractors and relational
-cross-attention", §2.2, Eqs. 4–6; spec abstractor.md §1–2).
+cross-attention", §2.2, Eqs. 4–6; design note docs/abstractor.md §1–2).
 
 Self-attention reads values from the objects it compares. Relational cross-attention (RCA) compares
 the objects X (queries and keys) but reads the values from symbols S that carry no object features:
@@ -9,9 +9,9 @@ the objects X (queries and keys) but reads the values from symbols S that carry 
 so A holds only relational information (the "relational bottleneck"). σ_rel is softmax over the keys
 or an elementwise sigmoid, tanh or identity ("linear"); with ``symmetric=True`` one projection serves
 queries and keys (W_q = W_k), so every R is symmetric. Three forms live here: the multi-head MHA form
-of the sorting Abstractor (spec §1.2), the "simplified" per-relation form of the discriminative models
-(spec §1.3), and position-relative symbols (spec §2.2), whose values depend on the offset j − i.
-Section numbers below without "paper" are the spec's.
+of the sorting Abstractor (docs/abstractor.md §1.2), the "simplified" per-relation form of the
+discriminative models (docs/abstractor.md §1.3), and position-relative symbols (docs/abstractor.md §2.2),
+whose values depend on the offset j − i.
 """
 import math
 
@@ -28,7 +28,7 @@ MASKED = -1e9  # finite stand-in for −inf before a softmax: a fully masked row
 
 def relation_activation(R, activation, mask=None):
     """σ_rel(R) over the last axis; ``mask`` (broadcastable, True = may attend) zeroes forbidden keys:
-    through −1e9 logits for softmax, by multiplication for the elementwise activations (§1.2)."""
+    through −1e9 logits for softmax, by multiplication for the elementwise activations."""
     if activation == "softmax":
         return F.softmax(R if mask is None else F.masked_fill(R, ~mask, MASKED), axis=-1)
     out = {"sigmoid": F.sigmoid, "tanh": F.tanh, "linear": lambda r: r}[activation](R)
@@ -40,10 +40,10 @@ def _zeros(n):
 
 
 class RelationalCrossAttention(Module):
-    """Multi-head RCA in MHA form (paper Eq. 6; spec §1.2): α_h = σ_rel(scale · Q_h K_hᵀ) with Q_h = X W_q^h + b_q^h,
-    K_h = X W_k^h + b_k^h; O = concat_h(Drop(α_h) (S W_v^h + b_v^h)) W_o + b_o. Each head is
+    """Multi-head RCA in MHA form (paper Eq. 6; docs/abstractor.md §1.2): α_h = σ_rel(scale · Q_h K_hᵀ)
+    with Q_h = X W_q^h + b_q^h, K_h = X W_k^h + b_k^h; O = concat_h(Drop(α_h) (S W_v^h + b_v^h)) W_o + b_o. Each head is
     ``d_head`` wide (default d_model, as in the reference code); ``scale`` is "sqrt" (1/√d_head) or
-    "none". Causal masks are allowed only with softmax (spec §1.2); any other σ_rel refuses them."""
+    "none". Causal masks are allowed only with softmax; any other σ_rel refuses them (docs/abstractor.md §1.2)."""
     last_weights = None
 
     def __init__(self, d_model, n_head, d_head=None, d_symbol=None, activation="softmax", symmetric=False,
@@ -78,8 +78,8 @@ class RelationalCrossAttention(Module):
     def weights(self, x, key_mask=None, causal=False):
         """σ_rel(relations) with the masks applied, (B, H, T, T)."""
         if causal and self.activation != "softmax":
-            raise ValueError(f"causal masking needs activation='softmax' (got {self.activation!r}): the spec "
-                             "allows causal RCA only with softmax (abstractor.md §1.2)")
+            raise ValueError(f"causal masking needs activation='softmax' (got {self.activation!r}): the "
+                             "Abstractor's causal RCA is softmax RCA (docs/abstractor.md §1.2)")
         T = x.shape[1]
         A = relation_activation(self.relations(x), self.activation, attention_mask(key_mask, T, T, causal, x.data))
         if self.record:
@@ -97,7 +97,7 @@ class RelationalCrossAttention(Module):
 
 
 class PositionRelativeRCA(RelationalCrossAttention):
-    """RCA with position-relative symbols (§2.2): out_h[i] = Σ_j α_h[i, j] V_h[i, j], where
+    """RCA with position-relative symbols (docs/abstractor.md §2.2): out_h[i] = Σ_j α_h[i, j] V_h[i, j], where
     V_h[i, j] = P[clip(j − i, −R_max, R_max)] W_v^h + b_v^h reads a learned table P of 2·R_max + 1
     offset symbols (N(0, 1) init). The symbols are part of the layer, so ``forward`` takes only X."""
 
@@ -121,8 +121,8 @@ class PositionRelativeRCA(RelationalCrossAttention):
 
 
 class SimplifiedRCA(Module):
-    """The simplified Abstractor's RCA (spec §1.3; the d_r-dimensional relation of paper Eq. 1), one block
-    per relation r = 1..d_r:
+    """The simplified Abstractor's RCA (docs/abstractor.md §1.3; the d_r-dimensional relation of paper
+    Eq. 1), one block per relation r = 1..d_r:
     R^r_ij = ⟨W_q^r x_i + b_q^r, W_k^r x_j + b_k^r⟩ (unscaled; biases only with ``bias=True``),
     Ã^r = σ_rel(R^r) S, then a per-relation Dense P^r: d_s → d_s / d_r, and A = concat_r P^r Ã^r.
     Unlike the MHA form, the symbols are aggregated unprojected and there is no output matrix."""

@@ -1,6 +1,6 @@
 """Transformer-XL relative multi-head attention (Dai et al. 2019, §3.3, the four terms (a)–(d)) and
-the NDR paper's gated absolute/relative variant (Csordás et al. 2022, Appendix A, term (e));
-spec ndr.md §4.2–4.3.
+the NDR paper's gated absolute/relative variant (Csordás et al. 2022, Appendix A, term (e)); design
+note docs/ndr.md §4.2–4.3 (the official code: layers/transformer/multi_head_relative_pos_attention.py).
 
     logit_ij = α · [ (q_i + u)·k̃_j  +  (q_i + v)·r̃_{j−i} ]            (a)+(c), (b)+(d)
 
@@ -11,7 +11,7 @@ mixes relative and absolute key positions in the position term:
 
     (q_i + v)·[ g_i · r̃_{j−i} + (1 − g_i) · r̃^abs_j ],   r^abs_j = W_R PE(j)       (e)
 
-The content term is never gated. A softmax over keys with the padding mask follows, as in §4.1.
+The content term is never gated. A softmax over keys with the padding mask follows, as in multihead.py.
 """
 import math
 

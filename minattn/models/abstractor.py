@@ -1,23 +1,23 @@
 """Abstractor models (Altabaa, Webb, Cohen & Lafferty 2024, "Abstractors and relational cross-attention";
-spec abstractor.md §2–5).
+design note docs/abstractor.md §2–5).
 
 An Abstractor turns objects E into abstract states A that carry only relations between the objects: it
 starts from symbols A^(0) that say nothing about the objects (one per position, or retrieved from a
 library) and updates them with relational cross-attention (RCA, attention/relational.py), whose values
 are the symbols. Two forms:
 
-* MHA form (paper §2.3, Algorithm 1; spec §3; the sorting models): per layer, optional symbol
+* MHA form (paper §2.3, Algorithm 1; docs/abstractor.md §3; the sorting models): per layer, optional symbol
   self-attention, then A ← LN(A + RCA(E, A)) — the residual goes onto the symbols — then the FF block.
-  Architectures (paper §3, Fig. 2; spec §4):
+  Architectures (paper §3, Fig. 2; docs/abstractor.md §4):
   (a) decoder ← Abstractor(embedded X); (b) decoder ← Abstractor(Encoder(X)); (d) multi-attention decoder
   ← [E, Abstractor(E)]; (e) ← [E, Abstractor2(Abstractor1(E))] (+ A1 with ``attend_a1``). The Ablation
   model replaces RCA by standard cross-attention A ← LN(A + MHA(Q = A, K = V = E)).
-* Simplified form (spec §1.3; pairwise order and SET): per-relation RCA, FF block, dropout; objects → Dense →
+* Simplified form (§1.3; pairwise order and SET): per-relation RCA, FF block, dropout; objects → Dense →
   simplified Abstractor → flatten → MLP head.
 
-Model names (names.md): ``abstractor`` (b), ``abstractor-ablation``, ``transformer-seq2seq`` (the
+Model names (``--model``): ``abstractor`` (b), ``abstractor-ablation``, ``transformer-seq2seq`` (the
 baseline, models/transformer.py) and ``abstractor-simplified`` (the discriminative models). Section
-numbers below without "paper" are the spec's.
+numbers below without "paper" are those of docs/abstractor.md.
 """
 import dataclasses
 import math
@@ -30,7 +30,7 @@ from .. import functional as F
 from ..attention.relational import ACTIVATIONS, RelationalCrossAttention, SimplifiedRCA
 from ..engine import Tensor
 from ..nn import Dropout, LayerNorm, Module, Parameter, sinusoidal_positions, xavier_uniform
-from .transformer import FeedForwardBlock, Seq2SeqConfig, Seq2SeqTransformer, dense, keras_attention
+from .transformer import EncoderDecoderConfig, FeedForwardBlock, Seq2SeqTransformer, dense, keras_attention
 
 SEQ2SEQ_MODELS = ("abstractor", "abstractor-ablation", "transformer-seq2seq")
 CLASSIFIER_MODELS = ("abstractor-simplified",)
@@ -95,8 +95,8 @@ class SymbolicAttention(Module):
 # ---------------------------------------------------------------------------------------------------------
 
 @dataclass
-class AbstractorConfig(Seq2SeqConfig):
-    """The sorting Abstractor (§6.1) on top of the encoder–decoder's fields (Seq2SeqConfig)."""
+class AbstractorConfig(EncoderDecoderConfig):
+    """The sorting Abstractor (§6.1) on top of the encoder–decoder's fields (EncoderDecoderConfig)."""
     n_encoder_layers: int = 2
     n_decoder_layers: int = 2
     n_abstractor_layers: int = 2
@@ -193,9 +193,10 @@ class AbstractorSeq2Seq(Seq2SeqTransformer):
 
 
 def build_seq2seq(name, n_tgt_tokens, n_classes, cfg, d_src=None, n_src_tokens=None, seed=0):
-    """The sorting models by name (``SEQ2SEQ_MODELS``); ``transformer-seq2seq`` uses only Seq2SeqConfig fields."""
+    """The sorting models by name (``SEQ2SEQ_MODELS``); ``transformer-seq2seq`` uses only the
+    EncoderDecoderConfig fields."""
     if name == "transformer-seq2seq":
-        base = Seq2SeqConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(Seq2SeqConfig)})
+        base = EncoderDecoderConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(EncoderDecoderConfig)})
         return Seq2SeqTransformer(n_tgt_tokens, n_classes, base, d_src, n_src_tokens, seed)
     if name not in SEQ2SEQ_MODELS:
         raise ValueError(f"unknown model {name!r}; valid models: {', '.join(SEQ2SEQ_MODELS)}")
@@ -204,12 +205,12 @@ def build_seq2seq(name, n_tgt_tokens, n_classes, cfg, d_src=None, n_src_tokens=N
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The simplified Abstractor and the discriminative models (§1.3, §6.4–6.5)
+# The simplified Abstractor and the discriminative models (§1.3, §6.2–6.3)
 # ---------------------------------------------------------------------------------------------------------
 
 @dataclass
 class SimplifiedConfig:
-    """The discriminative models (defaults: pairwise order, §6.4)."""
+    """The discriminative models (defaults: pairwise order, §6.2)."""
     d_model: int = 64            # object embedding size = symbol size d_s
     n_relations: int = 4         # d_r
     d_key: int = 16              # d_k, the query/key size per relation
@@ -238,7 +239,7 @@ class SimplifiedAbstractorLayer(Module):
 
 class RelationalClassifier(Module):
     """Dense(d_in → d) per object → simplified Abstractor (learned symbols, A^(0) = S) → flatten →
-    [Dense(head_hidden, ReLU)] → Dense(n_out) logits (§6.4: 1 logit for a sigmoid; §6.5: 2 for a softmax)."""
+    [Dense(head_hidden, ReLU)] → Dense(n_out) logits (§6.2: 1 logit for a sigmoid; §6.3: 2 for a softmax)."""
 
     def __init__(self, d_in, n_objects, n_out, cfg, seed=0):
         rng = np.random.default_rng(seed)

@@ -1,14 +1,15 @@
-"""Models of the Contextual Retrieval Task (Mittal et al. 2022, Appendix C.1; spec compositional.md §2, §9).
+"""Models of the Contextual Retrieval Task (Mittal et al. 2022, Appendix C.1;
+design note docs/compositional.md §2, §9).
 
 Every object is encoded on its own by an MLP, ONE attention layer lets it look at the other objects
 (the diagonal is masked: an object never finds itself), and an MLP decodes one number per object:
 
     x_i → Linear → ReLU → Linear → attention (no residual, no LayerNorm) → Linear → ReLU → Linear → ŷ_i
 
-The attention is multi-head (``mha``, the code's ``Transformer`` class: §2), compositional with
-dot-product value scores (``compositional``: §3) or with the linear-score ablation
-(``compositional-mlp``: §4). All of them use ``concat`` (the token's own projection appended before
-W_o), biases everywhere and D = search_dim = value_dim, as the CRT code does.
+The attention is multi-head (``mha``, the code's ``Transformer`` class: docs/compositional.md §2), compositional with
+dot-product value scores (``compositional``: docs/compositional.md §3) or with the linear-score ablation
+(``compositional-mlp``: docs/compositional.md §4). All of them use ``concat`` (the token's own
+projection appended before W_o), biases everywhere and D = search_dim = value_dim, as the CRT code does.
 """
 import math
 from dataclasses import dataclass
@@ -25,20 +26,20 @@ MODELS = ("mha", "compositional", "compositional-mlp")
 
 @dataclass
 class CRTConfig:
-    """Model hyperparameters; defaults: the 2-search/4-retrieval task at D = 64 (spec §9, Table 6)."""
+    """Model hyperparameters; defaults: the 2-search/4-retrieval task at D = 64 (paper Table 6)."""
     searches: int = 2      # S_gt of the task; compositional attention uses S = S_gt searches
     retrievals: int = 4    # R_gt of the task; compositional attention uses R = R_gt retrievals
     n_head: int = 0        # MHA heads h (0: h = searches; Table 6 also runs 4 and 8 heads)
     d_model: int = 64      # D = search_dim = value_dim
     concat: bool = True    # append the token's own projection x W_c before W_o (always on in the CRT)
-    separate: bool = False  # compositional: one retrieval key W̄_k^r per retrieval (spec §3.4)
+    separate: bool = False  # compositional: one retrieval key W̄_k^r per retrieval (docs/compositional.md §3.4)
 
 
 class CRTMultiHeadAttention(Module):
-    """Multi-head attention as the CRT code's baseline (spec §2): h heads of size d_s = search_dim/h
+    """Multi-head attention as the CRT code's baseline (docs/compositional.md §2): h heads of size d_s = search_dim/h
     (queries, keys) and d_v = value_dim/h (values), biases on every projection, the diagonal masked
     (``mask_diagonal``) and, with ``concat``, x W_c appended before W_o. It is CompositionalAttention
-    with S = R = h and the value scores fixed to the identity (spec §5.2)."""
+    with S = R = h and the value scores fixed to the identity (docs/compositional.md §5)."""
     last_weights = None
 
     def __init__(self, d_model, n_head, search_dim=None, value_dim=None, concat=True, mask_diagonal=True,
@@ -75,7 +76,7 @@ class CRTMultiHeadAttention(Module):
 
 
 class CRTModel(Module):
-    """Encoder MLP → one attention layer → decoder MLP (spec §9). ``name``: one of ``MODELS``."""
+    """Encoder MLP → one attention layer → decoder MLP (docs/compositional.md §9). ``name``: one of ``MODELS``."""
 
     def __init__(self, name, in_dim, cfg, seed=0):
         if name not in MODELS:

@@ -1,5 +1,5 @@
 """seq2attn and its attention seq2seq baseline (Korrel, Hupkes, Dankers & Bruni 2019, "Transcoding
-compositionally", §3, Eqs. 1–12, Table 2; spec seq2attn.md §1).
+compositionally", §3, Eqs. 1–12, Table 2; design note docs/seq2attn.md §1).
 
 seq2attn splits the decoder's two jobs. A *transcoder* RNN, started from the encoder's final state,
 reads the previous output token and produces the query s_t; MLP attention over the encoder states
@@ -7,7 +7,7 @@ picks ONE input position with Gumbel-softmax straight-through (argmax at evaluat
 sees only what was picked — the input token's embedding, not its contextualised state (Eq. 9) —
 and its previous state is multiplied by that embedding ("full focus", Eq. 12), so all an output step
 takes from the input is the one symbol it attended to. One decoding step t, in the reference code's
-order (§1.5):
+order (docs/seq2attn.md §1.3):
 
     x_t = E_out[y_{t−1}];  s_t = RNN_trans(x_t, s_{t−1});  α_t = attention(keys = h^enc, query = s_t)
     c_t = Σ_j α_tj E_in[x_j];  h^dec_t = RNN_dec([c_t ; x_t], h^dec_{t−1} ⊙ c_t)
@@ -16,7 +16,7 @@ order (§1.5):
 The four components of the paper's ablation (Table 2) are independent switches of
 ``Seq2AttnConfig``: G (Gumbel attention; else softmax), E (embeddings as values; else encoder
 states), F (full focus) and T (transcoder + learned decoder initial state h^dec_0; else the query is
-h^dec_{t−1} and h^dec_0 = h^enc_n). All four off is the baseline ``seq2seq`` (§1.9).
+h^dec_{t−1} and h^dec_0 = h^enc_n). All four off is the baseline ``seq2seq`` (docs/seq2attn.md §1.7).
 
 Batches are right-padded; padding keys are masked out of the attention, the encoder's final state of
 each row is taken at its own length, and padding targets are left out of the loss. A state is a list
@@ -35,7 +35,7 @@ from ..nn import Embedding, GRUCell, Linear, LSTMCell, Module, Parameter
 
 @dataclass
 class Seq2AttnConfig:
-    """Hyperparameters; the defaults are seq2attn on the lookup tables (spec §2.5)."""
+    """Hyperparameters; the defaults are seq2attn on the lookup tables (docs/seq2attn.md §2.5)."""
     d_embedding: int = 256            # E, size of the input embeddings (the attention values under E)
     d_hidden: int = 256               # H, every RNN state and the target embeddings
     cell: str = "gru"                 # "gru" or "lstm"
@@ -49,10 +49,10 @@ class Seq2AttnConfig:
     tau_init: float = 5.0             # τ of "fixed"; initial τ of "latent"
     tau_max: float = 5.0              # upper bound of the "conditioned" τ
     teacher_forcing: float = 0.5      # probability that a training sequence is fed its gold prefix
-    init_range: float = 0.08          # U(±init_range) for every parameter except the temperature's (§1.8.1)
+    init_range: float = 0.08          # U(±init_range) for every parameter except the temperature's
 
 
-# Model names (names.md): seq2attn has all four components, the baseline none.
+# Model names (``--model``): seq2attn has all four components, the baseline none.
 MODELS = {"seq2attn": {}, "seq2seq": dict(gumbel=False, embedding_values=False, full_focus=False, transcoder=False)}
 
 
@@ -142,7 +142,7 @@ class Seq2Attn(Module):
         """Run ``steps`` decoding steps; returns logits (B, steps, V_out) and the list of α_t (B, n).
 
         With ``tgt`` (B, ≥ steps) each sequence is fed its gold prefix with probability
-        ``teacher_forcing`` (one draw per sequence, spec §1.8.2), else its own argmax predictions."""
+        ``teacher_forcing`` (one draw per sequence, docs/seq2attn.md §1.6), else its own argmax predictions."""
         B, n = src.shape
         if n == 0:
             raise ValueError("decode: empty source sequences")
@@ -180,7 +180,7 @@ class Seq2Attn(Module):
         return F.stack(logits, axis=1), weights
 
     def loss(self, src, src_lengths, tgt, tgt_lengths):
-        """Σ_t −log p(y_t) per sequence (padding excluded), averaged over the batch (spec §1.8.4).
+        """Σ_t −log p(y_t) per sequence (padding excluded), averaged over the batch (docs/seq2attn.md §1.6).
 
         ``tgt`` (B, m) ends each row with <eos> at position tgt_lengths − 1. In training the
         configured teacher forcing applies; at evaluation (eval_mode() or model.eval()) the model

@@ -1,11 +1,12 @@
-"""Transformer encoders of the NDR paper (Csordás, Irie & Schmidhuber 2022; spec ndr.md §1–5).
+"""Transformer encoders of the NDR paper (Csordás, Irie & Schmidhuber 2022; design
+note docs/ndr.md §1–5).
 
 All of them are Universal Transformers: ONE shared layer applied ``n_steps`` times (the number can
 differ at test time). Two layer types:
 
-* ``PostLNLayer`` (§4.1): x ← LN(x + Drop(Attn(x))); x ← LN(x + Drop(FF(x))).
-* ``CopyGateLayer`` (§2, the NDR layer; §4.3 the "+ gate" baselines): a gate per column and channel
-  decides whether the column is updated or simply copies its state to the next step:
+* ``PostLNLayer`` (docs/ndr.md §4.1): x ← LN(x + Drop(Attn(x))); x ← LN(x + Drop(FF(x))).
+* ``CopyGateLayer`` (docs/ndr.md §2, the NDR layer; docs/ndr.md §4.3, the "+ gate" baselines): a gate
+  per column and channel decides whether the column is updated or simply copies its state to the next step:
       a  = LN(h + Drop(Attn(h)))
       u  = LN(W2 Drop(ReLU(W1 a)))          (NDR)   or  tanh(...) (gated baselines)
       g  = σ(G2 Drop(ReLU(G1 a)) + c2),     c2 initialised to −3, so layers start near "copy"
@@ -13,7 +14,7 @@ differ at test time). Two layer types:
   Gate dropout (code only) zeroes the whole gate of a column for a step: that column copies.
 
 ``Classifier`` embeds [SOS, x…, EOS], runs the encoder and reads one column (EOS or SOS) through a
-linear layer. ``build_classifier(name, ...)`` builds the six models of names.md by name.
+linear layer. ``build_classifier(name, ...)`` builds the six models of the README's table by name.
 """
 import math
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from ..nn import Dropout, Embedding, FeedForward, LayerNorm, Linear, Module, sin
 
 @dataclass
 class EncoderConfig:
-    """Hyperparameters of the encoder models (defaults: NDR on CTL, spec §8)."""
+    """Hyperparameters of the encoder models (defaults: NDR on CTL, docs/ndr.md §8)."""
     d_model: int = 256             # state size d
     n_head: int = 1                # attention heads H
     d_ff: int = 512                # feed-forward hidden size (4·d_model in every gated-baseline preset)
@@ -65,7 +66,7 @@ def _attention(kind, cfg, rng):
 
 
 class PostLNLayer(Module):
-    """The standard post-norm layer (spec §4.1); W1/W2 Xavier-initialised with gains sqrt(2)/1."""
+    """The standard post-norm layer (docs/ndr.md §4.1); W1/W2 Xavier-initialised with gains sqrt(2)/1."""
 
     def __init__(self, attention, cfg, rng):
         self.attn = attention
@@ -81,7 +82,7 @@ class PostLNLayer(Module):
 class CopyGateLayer(Module):
     """The copy-gated layer: NDR (``tanh_out=False``, LN on the data path) or the "+ gate"
     baselines (``tanh_out=True``: tanh instead of LN, default W2 init). The official code hard-wires the
-    baselines' d_ff to 4·d (spec ndr.md §4.3); here the presets set ``d_ff = 4·d``, so the config says
+    baselines' d_ff to 4·d (docs/ndr.md §4.3); here the presets set ``d_ff = 4·d``, so the config says
     what the model uses."""
 
     def __init__(self, attention, cfg, rng, tanh_out=False):
@@ -128,7 +129,7 @@ ARCHITECTURES = {
 
 
 def _embedding_init(cfg, vocab_size, rng):
-    """The code's embedding inits (spec §5): N(0, 1), Kaiming-normal N(0, 2/d), or Xavier-uniform."""
+    """The official code's embedding inits (docs/ndr.md §5): N(0, 1), Kaiming-normal N(0, 2/d), or Xavier-uniform."""
     if cfg.embedding_init == "normal":
         w = rng.standard_normal((vocab_size, cfg.d_model))
     elif cfg.embedding_init == "kaiming":
@@ -179,7 +180,7 @@ class UniversalEncoder(Module):
 
 
 class Classifier(Module):
-    """[SOS, x_1..x_n, EOS] → encoder → the EOS (or SOS) column → Linear(d → n_classes) (spec §1)."""
+    """[SOS, x_1..x_n, EOS] → encoder → the EOS (or SOS) column → Linear(d → n_classes) (docs/ndr.md §1)."""
 
     def __init__(self, name, n_tokens, n_classes, cfg, seed=0):
         if name not in ARCHITECTURES:
@@ -207,23 +208,22 @@ def build_classifier(name, n_tokens, n_classes, cfg, seed=0):
 
 
 # ==========================================================================================================
-# Encoder–decoder Transformer (spec abstractor.md §4–5; shared with later work, e.g. coda.md §6)
+# Encoder–decoder Transformer (docs/abstractor.md §4–5; shared with later work, e.g. docs/coda.md §6)
 # ==========================================================================================================
 #
 # The post-LN encoder–decoder of the Abstractor paper's Keras code: its Transformer baseline, and the frame its
 # Abstractor models (models/abstractor.py) plug into by overriding ``encode``. It differs from PostLNLayer
 # above (the NDR code): dropout on the FF output only (none on the attention output or the FF hidden layer),
-# LayerNorm ε 1e-3, and attention heads that are each d_model wide with biases (abstractor.md §5: the
+# LayerNorm ε 1e-3, and attention heads that are each d_model wide with biases (docs/abstractor.md §5: the
 # parameter counts need this). Attention modules come from ``Seq2SeqTransformer.attention``, so a variant
 # (e.g. CoDA) can swap all three kinds (encoder self, decoder causal self, cross) by overriding one method.
-# Section numbers (§) in this part are abstractor.md's.
 
 @dataclass
-class Seq2SeqConfig:
-    """Hyperparameters of the encoder–decoder (defaults: the sorting Transformer, abstractor.md §6.1)."""
+class EncoderDecoderConfig:
+    """Hyperparameters of the encoder–decoder (defaults: the sorting Transformer, docs/abstractor.md §6.1)."""
     d_model: int = 64
     n_head: int = 2
-    d_head: int = 0                  # query/key/value size per head; 0 = d_model (the Abstractor code, §1.2)
+    d_head: int = 0                  # q/k/v size per head; 0 = d_model (the Abstractor code, docs/abstractor.md §1.2)
     d_ff: int = 64
     n_encoder_layers: int = 4
     n_decoder_layers: int = 4
@@ -248,7 +248,7 @@ def keras_attention(cfg, rng):
 
 
 class FeedForwardBlock(Module):
-    """x ← LN(x + Drop(W2 ReLU(W1 x + b1) + b2)): the FF sub-layer of every block here (§3 step 3)."""
+    """x ← LN(x + Drop(W2 ReLU(W1 x + b1) + b2)): the FF sub-layer of every block here (docs/abstractor.md §3)."""
 
     def __init__(self, cfg, rng):
         self.ff = FeedForward(cfg.d_model, cfg.d_ff, 0.0, rng, xavier=True)
@@ -260,7 +260,7 @@ class FeedForwardBlock(Module):
 
 
 class EncoderLayer(Module):
-    """x ← LN(x + MHA(x, x, x)); x ← FF block (§4)."""
+    """x ← LN(x + MHA(x, x, x)); x ← FF block (docs/abstractor.md §4)."""
 
     def __init__(self, cfg, rng, attention):
         self.attn = attention("encoder")
@@ -312,10 +312,11 @@ class DecoderLayer(Module):
 
 
 class Seq2SeqTransformer(Module):
-    """Encoder–decoder Transformer (Vaswani et al. 2017) in the form of the Abstractor code (§4): source →
-    Dense (vectors of size ``d_src``) or Embedding (``n_src_tokens`` ids); targets → Embedding; each ×√d + PE,
-    then Dropout; encoder layers; decoder layers that attend to the contexts ``encode`` returns; a Dense head
-    gives the logits (no final LayerNorm). ``n_contexts`` > 1 makes the decoder a multi-attention decoder.
+    """Encoder–decoder Transformer (Vaswani et al. 2017) in the form of the Abstractor code
+    (docs/abstractor.md §4): source → Dense (vectors of size ``d_src``) or Embedding (``n_src_tokens`` ids); targets → Embedding;
+    each ×√d + PE, then Dropout; encoder layers; decoder layers that attend to the contexts ``encode`` returns;
+    a Dense head gives the logits (no final LayerNorm). ``n_contexts`` > 1 makes the decoder a multi-attention
+    decoder.
 
     ``forward`` is teacher forcing. ``greedy`` decodes from a start token, feeding back each argmax (output
     class c is target token c): it runs ``encode`` once, projects the contexts' keys and values once per
@@ -397,7 +398,7 @@ class Seq2SeqTransformer(Module):
 
 
 class CoDASeq2SeqTransformer(Seq2SeqTransformer):
-    """``transformer-seq2seq-coda`` (spec coda.md §6): encoder self-, decoder causal self- and cross-attention
+    """``transformer-seq2seq-coda`` (docs/coda.md §6): encoder self-, decoder causal self- and cross-attention
     are all CoDA (attention/coda.py) with the same projections as ``keras_attention``; CoDA's options come from
     the config's ``coda_*`` fields. Decoder roles take Mean(·) per query row, so that centring never lets a
     position see later ones (and greedy decoding equals teacher forcing)."""

@@ -1,0 +1,56 @@
+"""The tasks: data generators of every paper, behind one interface, in one registry (``TASKS``).
+
+Every task is generated in code from a seed (no downloads) and holds fixed data:
+
+    task = get_task("ctl", seed=0)        # or TASKS["ctl"](seed=0, **sizes)
+    task.name                             the --task name (names as in the papers)
+    task.splits                           {split name: split}, e.g. train, iid, valid, test
+    len(split)                            its number of examples
+    split.lines                           its examples as text, one line each (what ``tasks.py export`` writes)
+    split.describe()                      a one-line summary after the size (what ``tasks.py stats`` prints)
+    task.export_files()                   {file name: lines}: one file per split (+ objects.tsv for object tasks)
+
+On top of that, each kind of task carries what its models read; train.py uses these directly:
+
+    kind (module)                         tasks                     a split holds             batches
+    token classification (ndr, listops)   ctl, ctl-backward,        inputs (Ragged), labels,  batches(split, ...),
+                                          arith, listops            depths; task.vocab        eval_batches(split, ...)
+    sequence to sequence (seq2seq, mlu)   lookup, scan, mlu         inputs, targets (Ragged), split.batches(...),
+                                                                    lines; in/out_vocab       split.eval_batches(...)
+    objects (objects)                     sort, pairwise, set       index, labels;            epoch_batches(n, ...)
+                                                                    task.objects
+    retrieval (retrieval)                 retrieval                 a seeded sample per pool  task.batch(B, rng, pool)
+
+``retrieval`` has no fixed data (each training step draws a fresh batch), so its splits are seeded
+samples of its three pools made only when read. Nothing in this package imports tasks.py or train.py.
+"""
+from .base import Ragged, Task
+from .classification import ClassificationSplit, ClassificationTask, batches, collate, eval_batches
+from .listops import ListOpsTask
+from .mlu import MLUTask
+from .ndr import ArithTask, CTLBackwardTask, CTLTask
+from .objects import ObjectSplit, PairwiseOrderTask, SetTask, SortTask, epoch_batches, is_set
+from .retrieval import RetrievalTask
+from .seq2seq import SCAN_SPLITS, LookupTask, ScanTask, Seq2SeqSplit, scan_split
+
+__all__ = ["TASKS", "get_task", "Task", "Ragged",
+           "ClassificationSplit", "ClassificationTask", "batches", "collate", "eval_batches",  # token classification
+           "CTLTask", "CTLBackwardTask", "ArithTask", "ListOpsTask",
+           "Seq2SeqSplit", "LookupTask", "ScanTask", "SCAN_SPLITS", "scan_split", "MLUTask",   # sequence to sequence
+           "ObjectSplit", "SortTask", "PairwiseOrderTask", "SetTask", "epoch_batches", "is_set",  # objects
+           "RetrievalTask"]
+
+TASKS = {"ctl": CTLTask, "ctl-backward": CTLBackwardTask, "arith": ArithTask, "listops": ListOpsTask,
+         "lookup": LookupTask, "scan": ScanTask, "retrieval": RetrievalTask,
+         "sort": SortTask, "pairwise": PairwiseOrderTask, "set": SetTask, "mlu": MLUTask}
+
+
+def get_task(name: str, seed: int = 0, cache_dir=None, **options) -> Task:
+    """The task called name (see TASKS), generated from seed (or loaded from the disk cache).
+
+    options: the task's own settings, e.g. n_train=... for quick tests (the defaults are the papers'
+    sizes), split=... for scan, searches=... for retrieval.
+    """
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r} (valid: {', '.join(TASKS)})")
+    return TASKS[name](seed=seed, cache_dir=cache_dir, **options)
