@@ -355,7 +355,7 @@ def test_plot_command_errors_are_one_line(argv, message, capsys):
 
 def test_plot_command_checks_the_run(pairwise_run, tmp_path, capsys):
     assert train.main(["--plot", "--out", str(tmp_path)]) == 2
-    assert "holds no checkpoint.pkl" in capsys.readouterr().err
+    assert "holds no checkpoint.npz" in capsys.readouterr().err
     assert train.main(["--plot", "--out", pairwise_run, "--model", "abstractor"]) == 2
     assert "holds a pairwise / abstractor-simplified checkpoint, not --model abstractor" in capsys.readouterr().err
     assert train.main(["--plot", "--out", pairwise_run, "--example", "5 5"]) == 2
