@@ -31,6 +31,7 @@ import math
 import os
 import sys
 import tempfile
+import time
 import warnings
 import zlib
 from dataclasses import dataclass
@@ -283,7 +284,11 @@ def load_or_generate(name: str, params: dict, generate, cache_dir=None) -> dict:
             return _load(path, meta, len(params["vocab"]), len(params["classes"]))
         except Exception as e:  # any damage (zip, CRC, header, shapes) just means "generate again"
             warnings.warn(f"unreadable cache file {path} ({type(e).__name__}: {e}); regenerating")
+    # a line on stderr whether or not it is a terminal (the tqdm bars are shown only on one): ListOps takes minutes
+    print(f"generating {name} (once: it is then cached in {path})...", file=sys.stderr, flush=True)
+    start = time.perf_counter()
     splits = generate()
+    print(f"generated {name} in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     try:
         _save(path, meta, splits)
     except OSError as e:

@@ -24,9 +24,11 @@ import fcntl
 import json
 import math
 import os
+import re
 import sys
 import tempfile
 import time
+import zlib
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before NumPy loads BLAS; see README "Speed"
 
@@ -308,10 +310,10 @@ class ClassificationFamily(Family):
         """NDR paper Figs. 2–3: copy gates and the attention of every head at every step."""
         split, names = self.task.splits["test"], list(self.task.vocab) + ["<eos>", "<sos>"]
         try:
-            examples = [(f"example{k}", self.task.encode(text), None) for k, text in enumerate(texts)]
+            examples = [(_example_name(text), self.task.encode(text), None) for text in texts]
         except ValueError as e:
             raise UsageError(f"--example: {e}") from None
-        examples = examples or [(f"test{i}", split.inputs[i], self.task.classes[split.labels[i]])
+        examples = examples or [(_sample_name("test", i, split), split.inputs[i], self.task.classes[split.labels[i]])
                                 for i in _plot_sample(len(split))]
         pictures = []
         for name, seq, target in examples:
@@ -538,13 +540,13 @@ class Seq2SeqFamily(Family):
         task, index = self.task, {t: i for i, t in enumerate(self.task.in_vocab)}
         split_name = "test" if "test" in task.splits else "heldout_compositions"
         split, examples = task.splits[split_name], []
-        for k, text in enumerate(texts):
+        for text in texts:
             unknown = [t for t in text.split() if t not in index]
             if unknown or not text.split():
                 raise UsageError(f"--example {text!r}: {'unknown ' + ' '.join(unknown) if unknown else 'empty'}; "
                                  f"input tokens: {' '.join(task.in_vocab[2:])}")
-            examples.append((f"example{k}", np.array([index[t] for t in text.split()]), None))
-        examples = examples or [(f"{split_name}{i}", split.inputs[i], task.decode(split.targets[i]))
+            examples.append((_example_name(text), np.array([index[t] for t in text.split()]), None))
+        examples = examples or [(_sample_name(split_name, i, split), split.inputs[i], task.decode(split.targets[i]))
                                 for i in _plot_sample(len(split))]
         longest = max(int(s.targets.lengths.max()) for s in task.splits.values())
         pictures = []
@@ -649,12 +651,12 @@ class _ObjectTaskFamily(Family):
         """(name, object indices) of the test samples --plot shows, or of --example texts of indices."""
         split, examples = self.task.splits["test"], []
         n, m = len(self.task.objects), split.index.shape[1]
-        for k, text in enumerate(texts):
+        for text in texts:
             index = np.array([int(t) for t in text.split() if t.isdigit()])
             if len(text.split()) != m or len(set(index.tolist())) != m or not (index < n).all():
                 raise UsageError(f"--example {text!r}: give {m} distinct object indices in 0..{n - 1}")
-            examples.append((f"example{k}", index))
-        return examples or [(f"test{i}", split.index[i]) for i in _plot_sample(len(split))]
+            examples.append((_example_name(text), index))
+        return examples or [(_sample_name("test", i, split), split.index[i]) for i in _plot_sample(len(split))]
 
 
 class SortFamily(_ObjectTaskFamily):
@@ -926,11 +928,11 @@ class MLUFamily(Family):
         histograms, on test pairs or --example inputs ("x=85,y=-523,x*y")."""
         task, index = self.task, {c: i for i, c in enumerate(self.task.in_vocab)}
         split, examples = task.splits["test"], []
-        for k, text in enumerate(texts):
+        for text in texts:
             if not text or any(c not in index for c in text):
                 raise UsageError(f"--example {text!r}: use the characters {''.join(task.in_tokens)}")
-            examples.append((f"example{k}", np.array([index[c] for c in text]), None))
-        examples = examples or [(f"test{i}", split.inputs[i], split.lines[i].split(":")[1])
+            examples.append((_example_name(text), np.array([index[c] for c in text]), None))
+        examples = examples or [(_sample_name("test", i, split), split.inputs[i], split.lines[i].split(":")[1])
                                 for i in _plot_sample(len(split))]
         longest = max(int(s.targets.lengths.max()) for s in task.splits.values())
         pictures = []
@@ -1057,7 +1059,10 @@ def write_atomic(path, write, mode="w"):
     directory: after a crash or a full disk ``path`` holds the old content or the new, never a mix."""
     d = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
+    umask = os.umask(0)
+    os.umask(umask)
     try:
+        os.fchmod(fd, 0o666 & ~umask)   # mkstemp's 0600 would hide a shared run's files from its readers
         with os.fdopen(fd, mode) as f:
             write(f)
             f.flush()
@@ -1352,40 +1357,64 @@ def _train(cfg, out_dir, resume, progress):
     return results
 
 
+REPORT_FIELDS = ("task", "model", "preset", "seed", "steps", "metrics", "best_step", "wall_s", "ms_per_step", "config")
+
+
+def _finished_run(d):
+    """(results, learning curve) of the finished run in d; a UsageError says why d is not one."""
+    try:
+        with open(os.path.join(d, "results.json")) as f:
+            r = json.load(f)
+    except FileNotFoundError:
+        raise UsageError(f"{d} has no results.json (not a run directory, or the run is not finished)") from None
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{d} does not hold a readable run ({e.__class__.__name__}: {e})") from None
+    missing = set(REPORT_FIELDS) - set(r if isinstance(r, dict) else ())
+    if missing:
+        raise UsageError(f"{d}: results.json lacks {', '.join(sorted(missing))}")
+    try:
+        log = _read_log(os.path.join(d, "metrics.jsonl"))[0]
+    except OSError:
+        log = []
+    return r, log
+
+
 def report(paths):
-    """Markdown table of finished runs (their results.json) and each run's learning curve."""
-    rows, curves, groups = [], [], {}
+    """Markdown table of finished runs (their results.json) and each run's learning curve. Directories that
+    hold no finished run are skipped with a warning; a run is counted once, however often it is listed or
+    copied: runs with one configuration (seed included; device aside) are one run, as training is deterministic."""
+    rows, curves, groups, seen = [], [], {}, {}
     for d in paths:
-        f = os.path.join(d, "results.json")
-        if not os.path.exists(f):
-            raise UsageError(f"{d} has no results.json (is the run finished?)")
         try:
-            with open(f) as fh:
-                r = json.load(fh)
-            with open(os.path.join(d, "metrics.jsonl")) as fh:
-                log = [json.loads(line) for line in fh if line.strip()]
-        except (OSError, ValueError) as e:
-            raise UsageError(f"{d} does not hold a readable run ({e.__class__.__name__}: {e})") from None
-        needed = ("task", "model", "preset", "seed", "steps", "metrics", "best_step", "wall_s", "ms_per_step", "config")
-        missing = set(needed) - set(r if isinstance(r, dict) else ())
-        if missing or not log:
-            raise UsageError(f"{d}: results.json lacks {', '.join(sorted(missing))}" if missing else
-                             f"{d}: metrics.jsonl is empty")
+            r, log = _finished_run(d)
+        except UsageError as e:
+            print(f"warning: skipped: {e}", file=sys.stderr)
+            continue
+        identity = json.dumps({k: v for k, v in r["config"].items() if k != "device"}, sort_keys=True)
+        if identity in seen:
+            print(f"warning: skipped {d}: the same run as {seen[identity]}", file=sys.stderr)
+            continue
+        seen[identity] = d
         m = ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in r["metrics"].items())
         mc = r["config"].get("model_config", {})   # the data options that tell runs of one task apart
         data = ", ".join(f"{k} {mc[k]}" for k in ("split", "train_size", "searches", "retrievals") if mc.get(k))
         task = f"{r['task']} ({data}{', ood' if mc.get('ood') else ''})" if data else r["task"]
         rows.append(f"| {task} | {r['model']} | {r['preset']} | {r['seed']} | {r['steps']} | {m} | "
-                    f"{r['best_step']} | {r['wall_s'] / 60:.1f} min | {r['ms_per_step']:.0f} |")
+                    f"{r['best_step']} | {r['wall_s'] / 60:.1f} min | {r['ms_per_step'] or 0:.0f} | {d} |")
         # runs that differ only in their seed (and device) are seeds of one experiment
         same = json.dumps({k: v for k, v in r["config"].items() if k not in ("seed", "device")}, sort_keys=True)
         groups.setdefault(same, (task, r, []))[2].append(r)
+        if not log:
+            print(f"warning: {d} has no readable metrics.jsonl: no learning curve", file=sys.stderr)
+            continue
         keys = [k for k in log[-1] if k not in ("step", "wall_s")]
-        curves.append(f"\n{r['task']} / {r['model']} (seed {r['seed']}):\n\n| step | " + " | ".join(keys) +
+        curves.append(f"\n{r['task']} / {r['model']} (seed {r['seed']}, {d}):\n\n| step | " + " | ".join(keys) +
                       " |\n|" + "---|" * (len(keys) + 1) + "\n" +
                       "\n".join(f"| {e['step']} | " + " | ".join(str(e.get(k, "")) for k in keys) + " |" for e in log))
-    print("| task | model | preset | seed | steps | metrics | best step | train time | ms/step |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    if not rows:
+        raise UsageError("none of the directories holds a finished run")
+    print("| task | model | preset | seed | steps | metrics | best step | train time | ms/step | run directory |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
     seeded = [(task, r, runs) for task, r, runs in groups.values() if len(runs) > 1]
     if seeded:   # the papers report mean ± std over seeds; std here is the sample std (n − 1)
@@ -1446,6 +1475,18 @@ PLOT_EXAMPLES = 3   # test examples --plot shows, drawn with a fixed seed: the s
 
 def _plot_sample(n):
     return np.sort(np.random.default_rng(0).choice(n, min(PLOT_EXAMPLES, n), replace=False))
+
+
+def _sample_name(split_name, i, split):
+    """test00042: zero-padded to the split's size, so the PNGs of one task sort in sample order."""
+    return f"{split_name}{i:0{len(str(len(split) - 1))}d}"
+
+
+def _example_name(text):
+    """A file name of its own for each --example input: the text made file-safe, plus a hash of the text
+    when that changed it (so "x+y" and "x*y" do not share a file)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", text.strip())[:40]
+    return f"example-{safe}" + (f"-{zlib.crc32(text.encode()):08x}" if safe != text else "")
 
 
 def plot(out_dir, device="cpu", texts=(), task=None, model=None, settings=()):
