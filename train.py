@@ -1155,7 +1155,8 @@ def convert(out_dir):
         log = os.path.join(out_dir, "metrics.jsonl")
         history = [h for h in _read_log(log)[0] if h["step"] <= old["step"]] if os.path.exists(log) else []
         params, opt_state, selected = state
-        save_checkpoint(os.path.join(out_dir, CHECKPOINT), dict(old, history=history), params, opt_state, selected)
+        metadata = {k: old[k] for k in ("identity", "config", "step", "best", "train_time")}
+        save_checkpoint(os.path.join(out_dir, CHECKPOINT), dict(metadata, history=history), params, opt_state, selected)
     print(f"wrote {os.path.join(out_dir, CHECKPOINT)}; {path} is no longer read and may be deleted", file=sys.stderr)
 def _identity(cfg):
     """What must match for a checkpoint to belong to this run (the step budget may grow), as JSON has it."""
@@ -1217,7 +1218,8 @@ def train(cfg, out_dir, resume=False, progress=True):
     created = not os.path.exists(out_dir)
     with locked(out_dir):
         try:
-            return _train(cfg, out_dir, resume, progress)
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):   # the divergence guard says it once
+                return _train(cfg, out_dir, resume, progress)
         except UsageError:      # refused before anything was written: leave no empty run directory behind
             if created and os.listdir(out_dir) == ["lock"]:
                 os.remove(os.path.join(out_dir, "lock"))
