@@ -7,7 +7,9 @@
 
 One readable loop: batches → loss → backward → clip → AdamW step; every ``--eval-every`` steps an
 evaluation of every split under ``no_grad()``/``eval_mode()``, a line in ``DIR/metrics.jsonl`` and an
-atomic checkpoint (model, optimizer, step, best result); at the end ``DIR/results.json``.
+atomic ``DIR/checkpoint.npz`` (model, optimizer, step, best result; NumPy arrays and JSON, never a pickle:
+docs/checkpoints.md); at the end ``DIR/results.json``. One run holds a directory at a time (``DIR/lock``).
+A loss or gradient norm that is not finite stops the run (exit code 3).
 
 Model selection follows the NDR paper (spec ndr.md §6.6): "iid" is the IID accuracy at the end of
 training; "test" is the test accuracy at the evaluation with the best "valid" accuracy (ties go to
@@ -1094,7 +1096,8 @@ def to_json(obj):
 # (e.g. Adam's m and v) and "metadata", a JSON string. No RNG state is saved: every random stream of a run
 # is a function of its seed and the step (see the module docstring).
 CHECKPOINT = "checkpoint.npz"
-CHECKPOINT_METADATA = ("version", "identity", "config", "step", "best", "train_time", "history", "optimizer")
+CHECKPOINT_METADATA = ("version", "identity", "config", "step", "best", "train_time", "history", "optimizer",
+                       "parameters")
 
 
 def save_checkpoint(path, metadata, params, opt_state, selected=None):
@@ -1132,7 +1135,7 @@ def load_checkpoint(path):
     part = {kind: {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith(kind + "/")}
             for kind in ("model", "selected", "optimizer")}
     state = [{k.rpartition("/")[2]: v for k, v in part["optimizer"].items() if k.rpartition("/")[0] == name}
-             for name in ckpt.pop("parameters", [])]
+             for name in ckpt.pop("parameters")]
     return dict(ckpt, model=part["model"], selected=part["selected"] or None,
                 optimizer=dict(ckpt["optimizer"], state=state))
 
@@ -1153,11 +1156,13 @@ def convert(out_dir):
             raise UsageError(f"{path} is not a readable minattn checkpoint ({e.__class__.__name__})") from None
         # the old format kept the log only in metrics.jsonl: its lines up to the checkpoint's step
         log = os.path.join(out_dir, "metrics.jsonl")
-        history = [h for h in _read_log(log)[0] if h["step"] <= old["step"]] if os.path.exists(log) else []
+        history = [h for h in _read_log(log) if h["step"] <= old["step"]] if os.path.exists(log) else []
         params, opt_state, selected = state
         metadata = {k: old[k] for k in ("identity", "config", "step", "best", "train_time")}
         save_checkpoint(os.path.join(out_dir, CHECKPOINT), dict(metadata, history=history), params, opt_state, selected)
     print(f"wrote {os.path.join(out_dir, CHECKPOINT)}; {path} is no longer read and may be deleted", file=sys.stderr)
+
+
 def _identity(cfg):
     """What must match for a checkpoint to belong to this run (the step budget may grow), as JSON has it."""
     d = dataclasses.asdict(cfg)
@@ -1168,19 +1173,17 @@ def _identity(cfg):
 
 def _read_log(path):
     """The entries of a metrics log, skipping lines that are not JSON objects with a step (a line torn by a
-    kill, an edit), and their number."""
-    entries, bad = [], 0
+    kill, an edit)."""
+    entries = []
     with open(path) as f:
         for line in filter(str.strip, f):
             try:
                 entry = json.loads(line)
             except ValueError:
-                entry = None
+                continue
             if isinstance(entry, dict) and isinstance(entry.get("step"), int):
                 entries.append(entry)
-            else:
-                bad += 1
-    return entries, bad
+    return entries
 
 
 def _repair_log(path, history, step):
@@ -1325,9 +1328,9 @@ def _train(cfg, out_dir, resume, progress):
             if diverged:                      # the last checkpoint (finite weights) stays as it is
                 break
             bar.set_postfix({k: v for k, v in entry.items() if k not in ("step", "wall_s")})
-            bar.unpause()                     # rate and ETA count training, not the evaluation's time
             loss_sum, norm_sum, stats, seen, n_batches = 0.0, 0.0, {}, 0, 0
             checkpoint()
+            bar.unpause()                     # rate and ETA count training, not evaluation and checkpoint
     bar.close()
 
     final = next((h for h in reversed(history) if h["train_loss"] is not None), {})   # not a diverged one
@@ -1375,7 +1378,7 @@ def _finished_run(d):
     if missing:
         raise UsageError(f"{d}: results.json lacks {', '.join(sorted(missing))}")
     try:
-        log = _read_log(os.path.join(d, "metrics.jsonl"))[0]
+        log = _read_log(os.path.join(d, "metrics.jsonl"))
     except OSError:
         log = []
     return r, log
