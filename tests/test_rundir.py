@@ -14,7 +14,7 @@ import tasks
 import train
 from minattn import viz
 
-from .test_train import ROOT, TINY, run
+from .test_train import ROOT, TINY, ctl_generated, run  # noqa: F401 (ctl_generated: an autouse fixture)
 
 _at = TINY.index("--eval-every")
 TINY_NO_EVAL = TINY[:_at] + TINY[_at + 2:]     # TINY without its --eval-every 2

@@ -16,6 +16,12 @@ TINY = ["--task", "ctl", "--model", "ndr", "--batch-size", "16", "--eval-every",
         "--set", "d_model=16", "--set", "d_ff=16", "--set", "n_steps=2", "--set", "eval_batch_size=2048"]
 
 
+@pytest.fixture(autouse=True, scope="module")
+def ctl_generated():
+    """CTL generated and cached before any test reads stderr, where a first generation announces itself."""
+    train.tasks.get_task("ctl")
+
+
 def run(argv, capsys):
     code = train.main(argv)
     return code, capsys.readouterr().err
