@@ -1199,9 +1199,9 @@ def _repair_log(path, history, step):
     if old == lines:
         return
     keep = next((i for i, (a, b) in enumerate(zip(old, lines)) if a != b), min(len(old), len(lines)))
-    print(f"warning: {path} did not match the checkpoint of step {step}: kept {keep} lines, dropped {len(old) - keep} "
-          f"(written after the checkpoint, or torn by an interruption), restored {len(lines) - keep} from the checkpoint",
-          file=sys.stderr)
+    print(f"warning: {path} did not match the checkpoint of step {step}: kept {keep} lines, dropped "
+          f"{len(old) - keep} (written after the checkpoint, or torn by an interruption), restored "
+          f"{len(lines) - keep} from the checkpoint", file=sys.stderr)
     write_atomic(path, lambda f: f.writelines(lines))
 
 

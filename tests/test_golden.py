@@ -19,7 +19,6 @@ import json
 import os
 
 import numpy as np
-import pytest
 
 import tasks
 import train
@@ -64,7 +63,8 @@ def test_resolved_configurations_are_unchanged():
     def compare(expected, actual):
         assert sorted(actual) == sorted(expected), "the set of (task, model, preset) combinations changed"
         changed = [k for k in expected if expected[k] != actual[k]]
-        assert not changed, f"configurations changed: {changed[:5]}; first: {expected[changed[0]]} → {actual[changed[0]]}"
+        assert not changed, (f"configurations changed: {changed[:5]}; "
+                             f"first: {expected[changed[0]]} → {actual[changed[0]]}")
     _compare_or_update("configs.json", resolved_configs(), compare)
 
 
