@@ -7,7 +7,9 @@
 
 One readable loop: batches → loss → backward → clip → AdamW step; every ``--eval-every`` steps an
 evaluation of every split under ``no_grad()``/``eval_mode()``, a line in ``DIR/metrics.jsonl`` and an
-atomic checkpoint (model, optimizer, step, best result); at the end ``DIR/results.json``.
+atomic ``DIR/checkpoint.npz`` (model, optimizer, step, best result; NumPy arrays and JSON, never a pickle:
+docs/checkpoints.md); at the end ``DIR/results.json``. One run holds a directory at a time (``DIR/lock``).
+A loss or gradient norm that is not finite stops the run (exit code 3).
 
 Model selection follows the NDR paper (spec ndr.md §6.6): "iid" is the IID accuracy at the end of
 training; "test" is the test accuracy at the evaluation with the best "valid" accuracy (ties go to
@@ -18,13 +20,17 @@ seeded from it; dropout and gate-dropout masks of step k come from ``RNG(seed).f
 ``--resume`` replays the data stream up to the saved step and continues bit for bit.
 """
 import argparse
+import contextlib
 import dataclasses
+import fcntl
 import json
+import math
 import os
-import pickle
+import re
 import sys
 import tempfile
 import time
+import zlib
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before NumPy loads BLAS; see README "Speed"
 
@@ -42,11 +48,15 @@ from minattn.attention import coda  # noqa: E402
 from minattn.models.transformer import CoDASeq2SeqTransformer, Seq2SeqTransformer  # noqa: E402
 from minattn.models.transformer import EncoderDecoderConfig  # noqa: E402
 
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2   # 1: checkpoint.pkl (pickle), read only by --convert
 
 
 class UsageError(Exception):
     """Bad input from the user: printed as one line, exit code 2."""
+
+
+class Diverged(Exception):
+    """The loss or the gradient norm became NaN or infinite: printed as one line, exit code 3."""
 
 
 @dataclasses.dataclass
@@ -302,10 +312,10 @@ class ClassificationFamily(Family):
         """NDR paper Figs. 2–3: copy gates and the attention of every head at every step."""
         split, names = self.task.splits["test"], list(self.task.vocab) + ["<eos>", "<sos>"]
         try:
-            examples = [(f"example{k}", self.task.encode(text), None) for k, text in enumerate(texts)]
+            examples = [(_example_name(text), self.task.encode(text), None) for text in texts]
         except ValueError as e:
             raise UsageError(f"--example: {e}") from None
-        examples = examples or [(f"test{i}", split.inputs[i], self.task.classes[split.labels[i]])
+        examples = examples or [(_sample_name("test", i, split), split.inputs[i], self.task.classes[split.labels[i]])
                                 for i in _plot_sample(len(split))]
         pictures = []
         for name, seq, target in examples:
@@ -532,13 +542,13 @@ class Seq2SeqFamily(Family):
         task, index = self.task, {t: i for i, t in enumerate(self.task.in_vocab)}
         split_name = "test" if "test" in task.splits else "heldout_compositions"
         split, examples = task.splits[split_name], []
-        for k, text in enumerate(texts):
+        for text in texts:
             unknown = [t for t in text.split() if t not in index]
             if unknown or not text.split():
                 raise UsageError(f"--example {text!r}: {'unknown ' + ' '.join(unknown) if unknown else 'empty'}; "
                                  f"input tokens: {' '.join(task.in_vocab[2:])}")
-            examples.append((f"example{k}", np.array([index[t] for t in text.split()]), None))
-        examples = examples or [(f"{split_name}{i}", split.inputs[i], task.decode(split.targets[i]))
+            examples.append((_example_name(text), np.array([index[t] for t in text.split()]), None))
+        examples = examples or [(_sample_name(split_name, i, split), split.inputs[i], task.decode(split.targets[i]))
                                 for i in _plot_sample(len(split))]
         longest = max(int(s.targets.lengths.max()) for s in task.splits.values())
         pictures = []
@@ -643,12 +653,12 @@ class _ObjectTaskFamily(Family):
         """(name, object indices) of the test samples --plot shows, or of --example texts of indices."""
         split, examples = self.task.splits["test"], []
         n, m = len(self.task.objects), split.index.shape[1]
-        for k, text in enumerate(texts):
+        for text in texts:
             index = np.array([int(t) for t in text.split() if t.isdigit()])
             if len(text.split()) != m or len(set(index.tolist())) != m or not (index < n).all():
                 raise UsageError(f"--example {text!r}: give {m} distinct object indices in 0..{n - 1}")
-            examples.append((f"example{k}", index))
-        return examples or [(f"test{i}", split.index[i]) for i in _plot_sample(len(split))]
+            examples.append((_example_name(text), index))
+        return examples or [(_sample_name("test", i, split), split.index[i]) for i in _plot_sample(len(split))]
 
 
 class SortFamily(_ObjectTaskFamily):
@@ -920,11 +930,11 @@ class MLUFamily(Family):
         histograms, on test pairs or --example inputs ("x=85,y=-523,x*y")."""
         task, index = self.task, {c: i for i, c in enumerate(self.task.in_vocab)}
         split, examples = task.splits["test"], []
-        for k, text in enumerate(texts):
+        for text in texts:
             if not text or any(c not in index for c in text):
                 raise UsageError(f"--example {text!r}: use the characters {''.join(task.in_tokens)}")
-            examples.append((f"example{k}", np.array([index[c] for c in text]), None))
-        examples = examples or [(f"test{i}", split.inputs[i], split.lines[i].split(":")[1])
+            examples.append((_example_name(text), np.array([index[c] for c in text]), None))
+        examples = examples or [(_sample_name("test", i, split), split.inputs[i], split.lines[i].split(":")[1])
                                 for i in _plot_sample(len(split))]
         longest = max(int(s.targets.lengths.max()) for s in task.splits.values())
         pictures = []
@@ -1011,46 +1021,188 @@ def _parse_settings(items, task, model, allowed=None):
         key, eq, value = item.partition("=")
         if not eq:
             raise UsageError(f"--set expects KEY=VALUE, got {item!r}")
+        if key in ("task", "model", "preset"):   # they choose the settings --set changes, so they come first
+            raise UsageError(f"--set {item}: use --{key} {value} instead")
         if allowed is not None and key not in allowed:
             raise UsageError(f"--set {item}: a trained run takes only {', '.join(k + '=N' for k in allowed)}")
         settings[key] = _parse_value(key, value, task, model)
     return settings
 
 
-# --- checkpoints ------------------------------------------------------------------------------------------
+# --- the run directory: one writer, atomic files, checkpoints as .npz + JSON -------------------------------
+# A run directory holds: lock (its writer's pid), checkpoint.npz, metrics.jsonl (one line per evaluation,
+# appended) and, at the end, results.json. Every file but the log is replaced whole, atomically.
 
-def save_atomic(path, obj):
-    """Write to a temporary file in the same directory, then rename: a crash never leaves half a file."""
+@contextlib.contextmanager
+def locked(out_dir):
+    """Hold an exclusive lock on the run directory (created if needed) while the block runs: a second
+    writer gets a UsageError naming the holder's pid. ``flock`` is released by the kernel when its process
+    dies, so the lock of a killed run is free and simply taken over; the pid inside is only for the message.
+    The lock file is left behind: deleting it would let a waiting writer lock an orphaned inode."""
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise UsageError(f"--out {out_dir} is a file, not a run directory")
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "lock"), "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            raise UsageError(f"{out_dir} is in use by another run (pid {f.read().strip() or '?'}); wait for it "
+                             "to end or choose another --out") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        yield
+
+
+def write_atomic(path, write, mode="w"):
+    """``write(file)`` into a temporary file beside ``path``, fsync it, rename it over ``path`` and fsync the
+    directory: after a crash or a full disk ``path`` holds the old content or the new, never a mix."""
     d = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
+    umask = os.umask(0)
+    os.umask(umask)
     try:
-        with os.fdopen(fd, "wb") as f:
-            pickle.dump(obj, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.fchmod(fd, 0o666 & ~umask)   # mkstemp's 0600 would hide a shared run's files from its readers
+        with os.fdopen(fd, mode) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
         raise
+    dir_fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)              # the rename itself survives a power cut
+    finally:
+        os.close(dir_fd)
+
+
+def to_json(obj):
+    """Strict JSON (no bare NaN/Infinity, which strict readers reject): non-finite numbers become null."""
+    if isinstance(obj, dict):
+        return {k: to_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_json(v) for v in obj]
+    if isinstance(obj, float) and not np.isfinite(obj):
+        return None
+    return obj
+
+
+# checkpoint.npz, read with NumPy alone (docs/checkpoints.md): "model/NAME" and "selected/NAME" (the
+# parameters at the selected evaluation, for tasks that evaluate them once at the end), "optimizer/NAME/KEY"
+# (e.g. Adam's m and v) and "metadata", a JSON string. No RNG state is saved: every random stream of a run
+# is a function of its seed and the step (see the module docstring).
+CHECKPOINT = "checkpoint.npz"
+CHECKPOINT_METADATA = ("version", "identity", "config", "step", "best", "train_time", "history", "optimizer",
+                       "parameters")
+
+
+def save_checkpoint(path, metadata, params, opt_state, selected=None):
+    """``params``, ``selected``: {name: array} in the model's parameter order; ``opt_state``: the optimizer's
+    state_dict, whose per-parameter state is stored under the parameter's name."""
+    arrays = {f"model/{k}": v for k, v in params.items()}
+    arrays.update({f"selected/{k}": v for k, v in (selected or {}).items()})
+    arrays.update({f"optimizer/{name}/{k}": v for name, s in zip(params, opt_state["state"]) for k, v in s.items()})
+    meta = dict(metadata, version=CHECKPOINT_VERSION, optimizer={"t": opt_state["t"], "lr": opt_state["lr"]},
+                parameters=list(params))
+    arrays["metadata"] = np.array(json.dumps(to_json(meta), allow_nan=False))
+    write_atomic(path, lambda f: np.savez(f, **arrays), mode="wb")
 
 
 def load_checkpoint(path):
+    """The checkpoint at ``path`` as a dict: its metadata, plus "model" and "selected" ({name: array}) and
+    "optimizer" (the optimizer's state_dict). Never unpickles: an old checkpoint.pkl is refused."""
+    old = os.path.join(os.path.dirname(path), "checkpoint.pkl")
+    if not os.path.exists(path) and os.path.exists(old):
+        raise UsageError(f"{os.path.dirname(path) or '.'} holds an old checkpoint.pkl, which is not loaded because "
+                         f"unpickling runs any code the file carries; if you trust it, convert it once with: "
+                         f"python train.py --convert {os.path.dirname(path) or '.'}")
     try:
-        with open(path, "rb") as f:
-            ckpt = pickle.load(f)
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        ckpt = json.loads(str(arrays.pop("metadata")))
     except FileNotFoundError:
         raise UsageError(f"no checkpoint at {path} to resume from") from None
-    except Exception as e:
+    except Exception as e:   # not a zip, a truncated file, no "metadata", bad JSON: all the same to the user
         raise UsageError(f"checkpoint {path} is corrupted or unreadable ({e.__class__.__name__})") from None
-    if not isinstance(ckpt, dict) or ckpt.get("version") != CHECKPOINT_VERSION:
-        raise UsageError(f"checkpoint {path} is not a minattn checkpoint of version {CHECKPOINT_VERSION}")
-    return ckpt
+    missing = [k for k in CHECKPOINT_METADATA if k not in ckpt] if isinstance(ckpt, dict) else ["all"]
+    if missing or ckpt["version"] != CHECKPOINT_VERSION:
+        raise UsageError(f"checkpoint {path} is not a minattn checkpoint of version {CHECKPOINT_VERSION}"
+                         + (f" (it lacks {', '.join(missing)})" if missing else ""))
+    part = {kind: {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith(kind + "/")}
+            for kind in ("model", "selected", "optimizer")}
+    state = [{k.rpartition("/")[2]: v for k, v in part["optimizer"].items() if k.rpartition("/")[0] == name}
+             for name in ckpt.pop("parameters")]
+    return dict(ckpt, model=part["model"], selected=part["selected"] or None,
+                optimizer=dict(ckpt["optimizer"], state=state))
+
+
+def convert(out_dir):
+    """Rewrite DIR/checkpoint.pkl (this project's old format) as checkpoint.npz, on explicit request only."""
+    import pickle   # only here: the one place that unpickles, and only when the user asks
+    path = os.path.join(out_dir, "checkpoint.pkl")
+    if not os.path.exists(path):
+        raise UsageError(f"{out_dir} holds no checkpoint.pkl to convert")
+    print(f"warning: unpickling {path} runs any code it carries; convert only files you trust", file=sys.stderr)
+    with locked(out_dir):
+        try:
+            with open(path, "rb") as f:
+                old = pickle.load(f)
+            state = old.pop("model"), old.pop("optimizer"), old["best"].pop("state", None)
+        except Exception as e:
+            raise UsageError(f"{path} is not a readable minattn checkpoint ({e.__class__.__name__})") from None
+        # the old format kept the log only in metrics.jsonl: its lines up to the checkpoint's step
+        log = os.path.join(out_dir, "metrics.jsonl")
+        history = [h for h in _read_log(log) if h["step"] <= old["step"]] if os.path.exists(log) else []
+        params, opt_state, selected = state
+        metadata = {k: old[k] for k in ("identity", "config", "step", "best", "train_time")}
+        save_checkpoint(os.path.join(out_dir, CHECKPOINT), dict(metadata, history=history), params, opt_state, selected)
+    print(f"wrote {os.path.join(out_dir, CHECKPOINT)}; {path} is no longer read and may be deleted", file=sys.stderr)
 
 
 def _identity(cfg):
-    """What must match for a checkpoint to belong to this run (the step budget may grow)."""
+    """What must match for a checkpoint to belong to this run (the step budget may grow), as JSON has it."""
     d = dataclasses.asdict(cfg)
     for k in ("steps", "device", "eval_every", "eval_batch_size"):
         d.pop(k)
-    return d
+    return json.loads(json.dumps(to_json(d)))
+
+
+def _read_log(path):
+    """The entries of a metrics log, skipping lines that are not JSON objects with a step (a line torn by a
+    kill, an edit)."""
+    entries = []
+    with open(path) as f:
+        for line in filter(str.strip, f):
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(entry, dict) and isinstance(entry.get("step"), int):
+                entries.append(entry)
+    return entries
+
+
+def _repair_log(path, history, step):
+    """On --resume: make metrics.jsonl hold exactly the checkpoint's evaluations. It is only ever appended to,
+    so it usually does; a kill can leave lines of evaluations after the checkpoint, or a torn last line, and
+    those are dropped with a warning (a missing log is rewritten from the checkpoint)."""
+    lines = [json.dumps(h, allow_nan=False) + "\n" for h in history]
+    try:
+        with open(path) as f:
+            old = f.readlines()
+    except FileNotFoundError:
+        old = []
+    if old == lines:
+        return
+    keep = next((i for i, (a, b) in enumerate(zip(old, lines)) if a != b), min(len(old), len(lines)))
+    print(f"warning: {path} did not match the checkpoint of step {step}: kept {keep} lines, dropped "
+          f"{len(old) - keep} (written after the checkpoint, or torn by an interruption), restored "
+          f"{len(lines) - keep} from the checkpoint", file=sys.stderr)
+    write_atomic(path, lambda f: f.writelines(lines))
 
 
 # --- the loop ---------------------------------------------------------------------------------------------
@@ -1063,12 +1215,34 @@ def _better(new, old, higher_is_better):
 
 
 def train(cfg, out_dir, resume=False, progress=True):
-    """Run (or continue) training as configured; returns the results dict written to results.json."""
+    """Run (or continue) training as configured, holding the run directory's lock; returns the results dict
+    written to results.json. On ``resume``, ``cfg.steps`` and ``cfg.eval_every`` None mean the run's own."""
     backend.get_xp(cfg.device)  # a missing GPU fails here, before any work
-    os.makedirs(out_dir, exist_ok=True)
-    ckpt_path = os.path.join(out_dir, "checkpoint.pkl")
-    log_path = os.path.join(out_dir, "metrics.jsonl")
-    if os.path.exists(ckpt_path) and not resume:
+    created = not os.path.exists(out_dir)
+    with locked(out_dir):
+        try:
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):   # the divergence guard says it once
+                return _train(cfg, out_dir, resume, progress)
+        except UsageError:      # refused before anything was written: leave no empty run directory behind
+            if created and os.listdir(out_dir) == ["lock"]:
+                os.remove(os.path.join(out_dir, "lock"))
+                os.rmdir(out_dir)
+            raise
+
+
+def _train(cfg, out_dir, resume, progress):
+    ckpt_path, log_path = os.path.join(out_dir, CHECKPOINT), os.path.join(out_dir, "metrics.jsonl")
+    if resume:
+        ckpt = load_checkpoint(ckpt_path)
+        cfg.steps = ckpt["config"]["steps"] if cfg.steps is None else cfg.steps
+        cfg.eval_every = ckpt["config"]["eval_every"] if cfg.eval_every is None else cfg.eval_every
+        if ckpt["identity"] != _identity(cfg):
+            diff = sorted(k for k in _identity(cfg) if ckpt["identity"].get(k) != _identity(cfg)[k])
+            raise UsageError(f"checkpoint in {out_dir} was written by a different run (differs in: {', '.join(diff)}); "
+                             "nothing was overwritten")
+        if cfg.steps < ckpt["step"]:
+            raise UsageError(f"--steps {cfg.steps} is below step {ckpt['step']}, which {out_dir} has already reached")
+    elif os.path.exists(ckpt_path) or os.path.exists(os.path.join(out_dir, "checkpoint.pkl")):
         raise UsageError(f"{out_dir} already holds a checkpoint: pass --resume to continue it, "
                          "or choose another --out")
 
@@ -1077,25 +1251,17 @@ def train(cfg, out_dir, resume=False, progress=True):
     model = fam.build_model().to(cfg.device)
     opt = fam.optimizer(model.parameters())
     step, train_time, history = 0, 0.0, []
-    best = {"metric": None, "metrics": {}, "step": None}
+    best, selected = {"metric": None, "metrics": {}, "step": None}, None   # selected: parameters, if selected_only
 
     if resume:
-        ckpt = load_checkpoint(ckpt_path)
-        if ckpt["identity"] != _identity(cfg):
-            diff = sorted(k for k in _identity(cfg) if ckpt["identity"].get(k) != _identity(cfg)[k])
-            raise UsageError(f"checkpoint in {out_dir} was written by a different run (differs in: {', '.join(diff)}); "
-                             "nothing was overwritten")
         try:
             model.load_state_dict(ckpt["model"])
             opt.load_state_dict(ckpt["optimizer"])
         except ValueError as e:
             raise UsageError(f"checkpoint {ckpt_path} does not fit the model: {e}") from None
         step, best, train_time = ckpt["step"], ckpt["best"], ckpt["train_time"]
-        if os.path.exists(log_path):  # drop log lines written after the checkpoint
-            with open(log_path) as f:
-                history = [h for h in (json.loads(line) for line in f if line.strip()) if h["step"] <= step]
-            with open(log_path, "w") as f:
-                f.writelines(json.dumps(h) + "\n" for h in history)
+        history, selected = ckpt["history"], ckpt["selected"]
+        _repair_log(log_path, history, step)
     elif os.path.exists(log_path):
         os.remove(log_path)
 
@@ -1106,12 +1272,16 @@ def train(cfg, out_dir, resume=False, progress=True):
     run_rng = backend.RNG(cfg.seed, cfg.device)
 
     def checkpoint():
-        save_atomic(ckpt_path, {"version": CHECKPOINT_VERSION, "identity": _identity(cfg),
-                                "config": dataclasses.asdict(cfg), "step": step, "best": best,
-                                "train_time": train_time, "model": model.state_dict(), "optimizer": opt.state_dict()})
+        save_checkpoint(ckpt_path, {"identity": _identity(cfg), "config": dataclasses.asdict(cfg), "step": step,
+                                    "best": best, "train_time": train_time, "history": history},
+                        model.state_dict(), opt.state_dict(), selected)
 
+    print(f"{'resuming' if step else 'training'} {cfg.task} / {cfg.model} ({cfg.preset} preset, seed {cfg.seed}) on "
+          f"{cfg.device} in {out_dir}: step {step} of {cfg.steps}, batch {cfg.batch_size}, lr {cfg.lr:g}, an "
+          f"evaluation every {cfg.eval_every} steps", file=sys.stderr)
     bar = tqdm(total=cfg.steps, initial=step, disable=not progress, desc=f"{cfg.task}/{cfg.model}", unit="step")
-    start_step, loss_sum, stats, seen, n_batches = step, 0.0, {}, 0, 0
+    start_step, loss_sum, norm_sum, stats, seen, n_batches = step, 0.0, 0.0, {}, 0, 0
+    diverged = None
     model.train()
     while step < cfg.steps and not fam.stop_early(step, history):
         t0 = time.perf_counter()
@@ -1121,10 +1291,11 @@ def train(cfg, out_dir, resume=False, progress=True):
         opt.zero_grad()
         loss.backward()
         if cfg.grad_clip:
-            optim.clip_grad_norm(model.parameters(), cfg.grad_clip)
+            norm_sum = norm_sum + optim.clip_grad_norm(model.parameters(), cfg.grad_clip)
         opt.step()
         step += 1
-        # running statistics stay on the device; they are read only when logged
+        # Running statistics stay on the device; they are read only when logged. The divergence guard reads
+        # them there too, rather than syncing every step: a NaN or inf stays in a sum until it is read.
         loss_sum = loss_sum + loss.data
         for k, v in batch_stats.items():
             stats[k] = stats.get(k, 0) + v
@@ -1132,33 +1303,43 @@ def train(cfg, out_dir, resume=False, progress=True):
         train_time += time.perf_counter() - t0
         bar.update(1)
         if step % cfg.eval_every == 0 or step == cfg.steps:
-            entry = {"step": step, "train_loss": round(float(backend.to_numpy(loss_sum)) / n_batches, 5)}
+            loss_mean = float(backend.to_numpy(loss_sum)) / n_batches
+            entry = {"step": step, "train_loss": round(loss_mean, 5)}
             entry.update({f"train_{k}": round(float(backend.to_numpy(v)) / seen, 5) for k, v in stats.items()})
-            model.eval()                      # with eval_mode() in the families: dropout off either way
-            entry.update(fam.log_extra(model))
-            entry.update(fam.evaluate(model))
-            model.train()
+            diverged = next((what for what, value in (("training loss", loss_mean),
+                                                      ("gradient norm", float(backend.to_numpy(norm_sum))))
+                             if not math.isfinite(value)), None)
+            if not diverged:
+                bar.set_postfix_str("evaluating…", refresh=True)   # or the bar looks frozen meanwhile
+                model.eval()                      # with eval_mode() in the families: dropout off either way
+                entry.update(fam.log_extra(model))
+                entry.update(fam.evaluate(model))
+                model.train()
             entry["wall_s"] = round(train_time, 1)
-            selected = entry.get(fam.select_split)
-            if selected is not None and _better(selected, best["metric"], fam.metric_higher_is_better):
-                best = {"metric": selected, "metrics": {k: v for k, v in entry.items()}, "step": step}
+            selected_metric = entry.get(fam.select_split)
+            if selected_metric is not None and _better(selected_metric, best["metric"], fam.metric_higher_is_better):
+                best = {"metric": selected_metric, "metrics": {k: v for k, v in entry.items()}, "step": step}
                 if fam.selected_only:         # the selected parameters, for evaluate_selected() at the end
-                    best["state"] = model.state_dict()
+                    selected = model.state_dict()
+            entry = to_json(entry)
             history.append(entry)
-            with open(log_path, "a") as f:
-                f.write(json.dumps(entry) + "\n")
+            with open(log_path, "a") as f:    # one write per line; a kill can tear only the last one
+                f.write(json.dumps(entry, allow_nan=False) + "\n")
+            if diverged:                      # the last checkpoint (finite weights) stays as it is
+                break
             bar.set_postfix({k: v for k, v in entry.items() if k not in ("step", "wall_s")})
-            loss_sum, stats, seen, n_batches = 0.0, {}, 0, 0
+            loss_sum, norm_sum, stats, seen, n_batches = 0.0, 0.0, {}, 0, 0
             checkpoint()
+            bar.unpause()                     # rate and ETA count training, not evaluation and checkpoint
     bar.close()
 
-    final = history[-1] if history else {}
+    final = next((h for h in reversed(history) if h["train_loss"] is not None), {})   # not a diverged one
     split_names = [k for k in final if k not in ("step", "wall_s", "train_loss") and not k.startswith("train_")
                    and not k.startswith("gate")]
     metrics = {k: (final.get(k) if k in fam.report_final else best["metrics"].get(k, final.get(k)))
                for k in split_names}
-    if fam.selected_only and best.get("state") is not None:
-        model.load_state_dict(best["state"])  # training is over and checkpointed: the model is free to reuse
+    if fam.selected_only and selected is not None and not diverged:
+        model.load_state_dict(selected)       # training is over and checkpointed: the model is free to reuse
         model.eval()
         metrics.update(fam.evaluate_selected(model))
     results = {
@@ -1169,45 +1350,76 @@ def train(cfg, out_dir, resume=False, progress=True):
         "best_step": best["step"], "steps_this_invocation": step - start_step,
         "config": dataclasses.asdict(cfg),
     }
-    with open(os.path.join(out_dir, "results.json"), "w") as f:
-        json.dump(results, f, indent=2)
+    if diverged:
+        results["diverged_at"] = step
+    write_atomic(os.path.join(out_dir, "results.json"), lambda f: json.dump(to_json(results), f, indent=2,
+                                                                             allow_nan=False))
+    if diverged:
+        last = step - n_batches
+        raise Diverged(f"the {diverged} is not finite at step {step}, so training stopped (a lower --lr may help); "
+                       f"{log_path} and results.json are written, " +
+                       (f"the checkpoint is that of step {last}" if last else "no checkpoint was written"))
     return results
 
 
+REPORT_FIELDS = ("task", "model", "preset", "seed", "steps", "metrics", "best_step", "wall_s", "ms_per_step", "config")
+
+
+def _finished_run(d):
+    """(results, learning curve) of the finished run in d; a UsageError says why d is not one."""
+    try:
+        with open(os.path.join(d, "results.json")) as f:
+            r = json.load(f)
+    except FileNotFoundError:
+        raise UsageError(f"{d} has no results.json (not a run directory, or the run is not finished)") from None
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{d} does not hold a readable run ({e.__class__.__name__}: {e})") from None
+    missing = set(REPORT_FIELDS) - set(r if isinstance(r, dict) else ())
+    if missing:
+        raise UsageError(f"{d}: results.json lacks {', '.join(sorted(missing))}")
+    try:
+        log = _read_log(os.path.join(d, "metrics.jsonl"))
+    except OSError:
+        log = []
+    return r, log
+
+
 def report(paths):
-    """Markdown table of finished runs (their results.json) and each run's learning curve."""
-    rows, curves, groups = [], [], {}
+    """Markdown table of finished runs (their results.json) and each run's learning curve. Directories that
+    hold no finished run are skipped with a warning; a run is counted once, however often it is listed or
+    copied: runs with one configuration (seed included; device aside) are one run, as training is deterministic."""
+    rows, curves, groups, seen = [], [], {}, {}
     for d in paths:
-        f = os.path.join(d, "results.json")
-        if not os.path.exists(f):
-            raise UsageError(f"{d} has no results.json (is the run finished?)")
         try:
-            with open(f) as fh:
-                r = json.load(fh)
-            with open(os.path.join(d, "metrics.jsonl")) as fh:
-                log = [json.loads(line) for line in fh if line.strip()]
-        except (OSError, ValueError) as e:
-            raise UsageError(f"{d} does not hold a readable run ({e.__class__.__name__}: {e})") from None
-        needed = ("task", "model", "preset", "seed", "steps", "metrics", "best_step", "wall_s", "ms_per_step", "config")
-        missing = set(needed) - set(r if isinstance(r, dict) else ())
-        if missing or not log:
-            raise UsageError(f"{d}: results.json lacks {', '.join(sorted(missing))}" if missing else
-                             f"{d}: metrics.jsonl is empty")
+            r, log = _finished_run(d)
+        except UsageError as e:
+            print(f"warning: skipped: {e}", file=sys.stderr)
+            continue
+        identity = json.dumps({k: v for k, v in r["config"].items() if k != "device"}, sort_keys=True)
+        if identity in seen:
+            print(f"warning: skipped {d}: the same run as {seen[identity]}", file=sys.stderr)
+            continue
+        seen[identity] = d
         m = ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in r["metrics"].items())
         mc = r["config"].get("model_config", {})   # the data options that tell runs of one task apart
         data = ", ".join(f"{k} {mc[k]}" for k in ("split", "train_size", "searches", "retrievals") if mc.get(k))
         task = f"{r['task']} ({data}{', ood' if mc.get('ood') else ''})" if data else r["task"]
         rows.append(f"| {task} | {r['model']} | {r['preset']} | {r['seed']} | {r['steps']} | {m} | "
-                    f"{r['best_step']} | {r['wall_s'] / 60:.1f} min | {r['ms_per_step']:.0f} |")
+                    f"{r['best_step']} | {r['wall_s'] / 60:.1f} min | {r['ms_per_step'] or 0:.0f} | {d} |")
         # runs that differ only in their seed (and device) are seeds of one experiment
         same = json.dumps({k: v for k, v in r["config"].items() if k not in ("seed", "device")}, sort_keys=True)
         groups.setdefault(same, (task, r, []))[2].append(r)
+        if not log:
+            print(f"warning: {d} has no readable metrics.jsonl: no learning curve", file=sys.stderr)
+            continue
         keys = [k for k in log[-1] if k not in ("step", "wall_s")]
-        curves.append(f"\n{r['task']} / {r['model']} (seed {r['seed']}):\n\n| step | " + " | ".join(keys) +
+        curves.append(f"\n{r['task']} / {r['model']} (seed {r['seed']}, {d}):\n\n| step | " + " | ".join(keys) +
                       " |\n|" + "---|" * (len(keys) + 1) + "\n" +
                       "\n".join(f"| {e['step']} | " + " | ".join(str(e.get(k, "")) for k in keys) + " |" for e in log))
-    print("| task | model | preset | seed | steps | metrics | best step | train time | ms/step |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    if not rows:
+        raise UsageError("none of the directories holds a finished run")
+    print("| task | model | preset | seed | steps | metrics | best step | train time | ms/step | run directory |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
     seeded = [(task, r, runs) for task, r, runs in groups.values() if len(runs) > 1]
     if seeded:   # the papers report mean ± std over seeds; std here is the sample std (n − 1)
@@ -1231,9 +1443,9 @@ def _load_run(out_dir, device, settings=()):
     checkpoint's step. ``settings``: KEY=VALUE strings of EVAL_SETTINGS that override the saved config."""
     if not os.path.isdir(out_dir):
         raise UsageError(f"no run directory {out_dir}")
-    path = os.path.join(out_dir, "checkpoint.pkl")
-    if not os.path.exists(path):
-        raise UsageError(f"{out_dir} holds no checkpoint.pkl (is it a run directory? train there first)")
+    path = os.path.join(out_dir, CHECKPOINT)
+    if not os.path.exists(path) and not os.path.exists(os.path.join(out_dir, "checkpoint.pkl")):
+        raise UsageError(f"{out_dir} holds no {CHECKPOINT} (is it a run directory? train there first)")
     ckpt = load_checkpoint(path)
     saved = dict(ckpt["config"], device=device)
     saved = {**saved.pop("model_config"), **saved}
@@ -1268,6 +1480,18 @@ PLOT_EXAMPLES = 3   # test examples --plot shows, drawn with a fixed seed: the s
 
 def _plot_sample(n):
     return np.sort(np.random.default_rng(0).choice(n, min(PLOT_EXAMPLES, n), replace=False))
+
+
+def _sample_name(split_name, i, split):
+    """test00042: zero-padded to the split's size, so the PNGs of one task sort in sample order."""
+    return f"{split_name}{i:0{len(str(len(split) - 1))}d}"
+
+
+def _example_name(text):
+    """A file name of its own for each --example input: the text made file-safe, plus a hash of the text
+    when that changed it (so "x+y" and "x*y" do not share a file)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", text.strip())[:40]
+    return f"example-{safe}" + (f"-{zlib.crc32(text.encode()):08x}" if safe != text else "")
 
 
 def plot(out_dir, device="cpu", texts=(), task=None, model=None, settings=()):
@@ -1309,6 +1533,8 @@ def parse_args(argv=None):
     ap.add_argument("--report", nargs="+", metavar="DIR",
                     help="print a markdown table of finished runs (and mean ± std over the seeds of one experiment) "
                          "and exit")
+    ap.add_argument("--convert", metavar="DIR", help="rewrite DIR/checkpoint.pkl of an older minattn as "
+                    "checkpoint.npz and exit (unpickling runs code from the file: only for files you trust)")
     ap.add_argument("--analyze", action="store_true", help="print the analysis of the checkpoint in --out and exit "
                     "(retrieval: the value-score table of paper Fig. 5)")
     ap.add_argument("--evaluate", action="store_true", help="evaluate the checkpoint in --out on every split and "
@@ -1331,6 +1557,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    out = None
     try:
         if isinstance(args.resume, str):  # --resume DIR: the run directory, as --out DIR
             if args.out and args.out != args.resume:
@@ -1338,6 +1565,9 @@ def main(argv=None):
             args.out, args.resume = args.resume, True
         if args.report:
             report(args.report)
+            return 0
+        if args.convert:
+            convert(args.convert)
             return 0
         inspect = next((flag for flag in ("analyze", "evaluate", "plot") if getattr(args, flag)), None)
         if inspect and not args.out:
@@ -1357,7 +1587,7 @@ def main(argv=None):
         if args.resume and args.out and args.task is None and args.model is None:
             # `--resume --out DIR` alone continues the run saved there: task, model, preset and every
             # setting come from its checkpoint; flags given now (e.g. --steps) still apply on top.
-            saved = dict(load_checkpoint(os.path.join(args.out, "checkpoint.pkl"))["config"])
+            saved = dict(load_checkpoint(os.path.join(args.out, CHECKPOINT))["config"])
             args.task, args.model, args.preset = saved.pop("task"), saved.pop("model"), saved.pop("preset")
             saved = {**saved.pop("model_config"), **saved}
             saved.pop("device")
@@ -1380,6 +1610,8 @@ def main(argv=None):
                 flags[key] = value
         args.seed = flags["seed"]
         cfg = make_config(args.task, args.model, args.preset, **flags)
+        if args.resume:   # the run's own step budget and evaluation interval (train() reads them) unless given
+            cfg.steps, cfg.eval_every = flags["steps"], flags["eval_every"]
         # the data options are part of the default name, so runs at different sizes or splits don't collide
         task_name = "-".join([args.task] + [f"{tag}{value}" for tag, value in (
             ("", args.split), ("n", args.train_size), ("S", args.searches), ("R", args.retrievals)) if value]
@@ -1389,12 +1621,30 @@ def main(argv=None):
     except (UsageError, backend.DeviceError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:      # a full disk, a read-only directory: the system's one line, not a traceback
+        print(f"error: {e.strerror or e}" + (f": {e.filename}" if e.filename else ""), file=sys.stderr)
+        return 2
+    except Diverged as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
-        print("interrupted: the last checkpoint is intact; continue with --resume", file=sys.stderr)
+        saved = out and os.path.exists(os.path.join(out, CHECKPOINT))
+        print("interrupted: " + ("the last checkpoint is intact; continue with --resume" if saved else
+                                 "before the first checkpoint, so there is nothing to resume"), file=sys.stderr)
         return 130
-    print(json.dumps({k: results[k] for k in ("task", "model", "steps", "wall_s", "ms_per_step", "metrics",
-                                             "best_step")}))
+    print(summary(results, out))
     return 0
+
+
+def summary(results, out):
+    """The end of a run for a reader: what was selected, and where everything is."""
+    metrics = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in results["metrics"].items())
+    return (f"done: {results['task']} / {results['model']}, {results['steps']} steps in {results['wall_s']:.0f} s "
+            f"({results['ms_per_step'] or 0:.0f} ms/step); {metrics or 'no metrics'} "
+            f"(selected at step {results['best_step']})\n"
+            f"results: {os.path.join(out, 'results.json')}, learning curve: {os.path.join(out, 'metrics.jsonl')}, "
+            f"checkpoint: {os.path.join(out, CHECKPOINT)}\n"
+            f"pictures: python train.py --plot --out {out}")
 
 
 if __name__ == "__main__":

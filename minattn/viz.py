@@ -54,6 +54,7 @@ class Panel:
     cols: list = field(default_factory=list)   # heatmap: column labels (keys, input tokens)
     vmin: float = None
     vmax: float = None
+    clabel: str = ""                           # heatmap: what the colour scale means
     xlabel: str = ""
     ylabel: str = ""
 
@@ -187,16 +188,16 @@ def encoder_pictures(model, ids, lengths, tokens, title, name="example", classes
         gates = backend.to_numpy(xp.stack([g.data[0].mean(axis=-1) for _, g in trace]))   # (steps, T)
         pictures.append(Picture(f"{name}-gates", f"{title}\ncopy-gate activity", [
             Panel(gates, "mean gate per column", rows=steps, cols=tokens, vmin=0, vmax=1, xlabel="column",
-                  ylabel="step")]))
+                  ylabel="step", clabel="1: the column takes its update, 0: it is copied unchanged")]))
     # compositional attention as the encoder's attention: its "heads" are searches
     unit = "search" if isinstance(attn, CompositionalAttention) else "head"
     lo = -1 if coda else 0            # CoDA's quasi-attention M lies in (−1, 1)
     for h in range(trace[0][0].shape[1]):
         maps = backend.to_numpy(xp.stack([A.data[0, h] for A, _ in trace]))                  # (steps, T, T)
-        pictures.append(Picture(f"{name}-attention-{unit}{h}", f"{title}\nattention of {unit} {h}", [
+        pictures.append(Picture(f"{name}-attention-{unit}{h:02d}", f"{title}\nattention of {unit} {h}", [
             _map(m, f"step {k + 1}, {unit} {h}", tokens, tokens, lo) for k, m in enumerate(maps)]))
     pictures += [_coda_picture(attn, M.data[0], g.data[0], tokens, tokens, f"{title}\nCoDA at step {k + 1}",
-                               f"{name}-coda-step{k + 1}") for k, (M, g) in enumerate(coda_calls)]
+                               f"{name}-coda-step{k + 1:02d}") for k, (M, g) in enumerate(coda_calls)]
     return pictures
 
 
@@ -409,7 +410,7 @@ def _draw_heatmap(fig, ax, panel):
     small = max(panel.values.shape) > 32
     ax.set_xticks(range(len(panel.cols)), panel.cols, rotation=90, fontsize=5 if small else 7)
     ax.set_yticks(range(len(panel.rows)), panel.rows, fontsize=5 if small else 7)
-    fig.colorbar(im, ax=ax, fraction=0.05, pad=0.02)
+    fig.colorbar(im, ax=ax, fraction=0.05, pad=0.02).set_label(panel.clabel, fontsize=6)
 
 
 def _draw_bars(ax, panel):
@@ -450,17 +451,17 @@ def _shade(v, lo, hi):
     return SHADES[round(t * (len(SHADES) - 1))]
 
 
-def text_heatmap(values, rows, cols, vmin=None, vmax=None, label_height=6):
+def text_heatmap(values, rows, cols, vmin=None, vmax=None, clabel=""):
     """A heatmap as text: a two-character cell per value shaded with ``SHADES``, row labels on the left,
-    column labels written downwards above their column (cut to ``label_height`` characters), and the
-    scale below. NaN cells are blank."""
+    column labels written downwards above their column (whole: cut, "retrieval 0" and "retrieval 1" would
+    look alike), and the scale below, with ``clabel`` saying what it means. NaN cells are blank."""
     values = np.asarray(values, dtype=float)
     lo, hi = _value_range(values, vmin, vmax)
     pad = " " * (max(map(len, rows), default=0) + 1)
-    height = min(max(map(len, cols), default=0), label_height)
+    height = max(map(len, cols), default=0)
     lines = [pad + "".join(f"{c[i] if i < len(c) else ' '} " for c in cols).rstrip() for i in range(height)]
     lines += [f"{r:>{len(pad) - 1}} " + "".join(2 * _shade(v, lo, hi) for v in row) for r, row in zip(rows, values)]
-    lines.append(f"{pad}{SHADES[0]} {lo:.3g} … {SHADES[-1]} {hi:.3g}")
+    lines.append(f"{pad}{SHADES[0]} {lo:.3g} … {SHADES[-1]} {hi:.3g}" + (f" ({clabel})" if clabel else ""))
     return "\n".join(lines)
 
 
@@ -476,7 +477,7 @@ def text_bars(values, labels, width=30):
 def _text_panel(p):
     """A panel as a list of text lines: its title, then shading (heatmap) or bars."""
     if p.kind == "heatmap":
-        body = text_heatmap(p.values, p.rows, p.cols, p.vmin, p.vmax)
+        body = text_heatmap(p.values, p.rows, p.cols, p.vmin, p.vmax, p.clabel)
     elif p.kind == "bars":
         body = text_bars(p.values, p.rows)
     else:

@@ -305,7 +305,7 @@ def test_mlu_training_logs_the_gate_and_resumes_exactly(tmp_path, capsys):
     assert all(0 < e["gate_mean"] <= 1 for e in log) and {"train", "valid", "test"} <= set(log[-1])
     res = json.load(open(os.path.join(straight, "results.json")))
     assert set(res["metrics"]) == {"train", "valid", "test"}                  # gate_mean is not a split
-    a, b = (train.load_checkpoint(os.path.join(d, "checkpoint.pkl")) for d in (straight, split))
+    a, b = (train.load_checkpoint(os.path.join(d, "checkpoint.npz")) for d in (straight, split))
     for name in a["model"]:
         np.testing.assert_array_equal(a["model"][name], b["model"][name], err_msg=name)
     assert a["optimizer"]["lr"] == b["optimizer"]["lr"] == pytest.approx(1e-3 * math.sqrt(3 / 4))   # warm-up, decay

@@ -203,12 +203,12 @@ def test_sort_greedy_metrics_use_the_selected_parameters(tmp_path, monkeypatch):
     log = [json.loads(line) for line in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
     assert [e["step"] for e in log] == [2, 4, 6] and all("test" not in e for e in log)
     used_full = dict(used)
-    final = train.load_checkpoint(str(tmp_path / "full" / "checkpoint.pkl"))["model"]
+    final = train.load_checkpoint(str(tmp_path / "full" / "checkpoint.npz"))["model"]
     assert any((final[k] != used_full[k]).any() for k in final)       # step 6 is not what was evaluated
 
     calls.clear()
     short = run("short", 2)                                          # the step-2 model, by itself
-    step2 = train.load_checkpoint(str(tmp_path / "short" / "checkpoint.pkl"))["model"]
+    step2 = train.load_checkpoint(str(tmp_path / "short" / "checkpoint.npz"))["model"]
     assert all((step2[k] == used_full[k]).all() for k in step2)
     assert short["metrics"]["test"] == res["metrics"]["test"]
 

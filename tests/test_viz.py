@@ -105,8 +105,8 @@ def heatmaps(picture):
 def test_encoder_pictures_show_gates_and_every_head_at_every_step(name, gated, device, counted):
     pictures = encoder_pictures(name, device)
     unit = "search" if name == "transformer-compositional" else "head"
-    assert [p.name for p in pictures] == [f"{name}-gates"] * gated + [f"{name}-attention-{unit}0",
-                                                                     f"{name}-attention-{unit}1"]
+    assert [p.name for p in pictures] == [f"{name}-gates"] * gated + [f"{name}-attention-{unit}00",
+                                                                     f"{name}-attention-{unit}01"]
     assert counted.transfers == len(pictures) + 1      # one per picture, one for the predicted class
     if gated:
         gates = pictures[0].panels[0]
@@ -135,7 +135,7 @@ def test_collectors_leave_the_model_as_they_found_it(device):
 def test_coda_encoder_pictures_factor_m_into_tanh_e_and_the_gate(device):
     pictures = encoder_pictures("transformer-coda", device, n_head=2, n_steps=2)
     coda = [p for p in pictures if "-coda-step" in p.name]
-    assert [p.name for p in coda] == ["transformer-coda-coda-step1", "transformer-coda-coda-step2"]
+    assert [p.name for p in coda] == ["transformer-coda-coda-step01", "transformer-coda-coda-step02"]
     for p in coda:
         titles = [q.title for q in p.panels]
         assert titles == ["head 0: tanh(E)", "head 0: 2·sigmoid(N)", "head 0: M", "head 1: tanh(E)",
@@ -336,7 +336,7 @@ def test_plot_command_without_matplotlib_prints_the_maps(pairwise_run, no_matplo
 def test_plot_command_writes_pngs(pairwise_run, capsys):
     pytest.importorskip("matplotlib")
     assert train.main(["--plot", "--resume", pairwise_run, "--task", "pairwise", "--example", "5 41"]) == 0
-    path = os.path.join(pairwise_run, "plots", "example0-relations.png")
+    path = os.path.join(pairwise_run, "plots", train._example_name("5 41") + "-relations.png")
     assert f"wrote {path}" in capsys.readouterr().out and png_size(path)[0] > 0
 
 
@@ -355,7 +355,7 @@ def test_plot_command_errors_are_one_line(argv, message, capsys):
 
 def test_plot_command_checks_the_run(pairwise_run, tmp_path, capsys):
     assert train.main(["--plot", "--out", str(tmp_path)]) == 2
-    assert "holds no checkpoint.pkl" in capsys.readouterr().err
+    assert "holds no checkpoint.npz" in capsys.readouterr().err
     assert train.main(["--plot", "--out", pairwise_run, "--model", "abstractor"]) == 2
     assert "holds a pairwise / abstractor-simplified checkpoint, not --model abstractor" in capsys.readouterr().err
     assert train.main(["--plot", "--out", pairwise_run, "--example", "5 5"]) == 2
@@ -382,6 +382,6 @@ def test_every_family_draws_its_examples(task, model, settings, good, bad):
     pictures = fam.plot_examples(net, [])
     assert pictures and all(p.title.startswith(f"{task} / {model}") for p in pictures)
     if good:
-        assert all(p.name.startswith("example0-") for p in fam.plot_examples(net, [good]))
+        assert all(p.name.startswith(train._example_name(good) + "-") for p in fam.plot_examples(net, [good]))
     with pytest.raises(train.UsageError, match="--example"):
         fam.plot_examples(net, [bad])

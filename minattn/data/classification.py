@@ -23,7 +23,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import tempfile
+import time
 import warnings
 from dataclasses import dataclass
 
@@ -244,7 +246,11 @@ def load_or_generate(name: str, params: dict, generate, cache_dir=None) -> dict:
             return _load(path, meta, len(params["vocab"]), len(params["classes"]))
         except Exception as e:  # any damage (zip, CRC, header, shapes) just means "generate again"
             warnings.warn(f"unreadable cache file {path} ({type(e).__name__}: {e}); regenerating")
+    # a line on stderr whether or not it is a terminal (the tqdm bars are shown only on one): ListOps takes minutes
+    print(f"generating {name} (once: it is then cached in {path})...", file=sys.stderr, flush=True)
+    start = time.perf_counter()
     splits = generate()
+    print(f"generated {name} in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     try:
         _save(path, meta, splits)
     except OSError as e:

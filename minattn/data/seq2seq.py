@@ -240,8 +240,12 @@ def scan_split(split: str, seed: int = 0) -> dict:
         iid = np.random.RandomState(1234).choice(len(pool), int(len(pool) * (1 - 0.9)), replace=False)
         is_iid = np.zeros(len(pool), bool)
         is_iid[iid] = True
-        return {"train": [p for p, i in zip(pool, is_iid) if not i], "iid": [p for p, i in zip(pool, is_iid) if i],
-                "test": [p for p in pairs if len(p[1]) > k]}
+        splits = {"train": [p for p, i in zip(pool, is_iid) if not i], "iid": [p for p, i in zip(pool, is_iid) if i],
+                  "test": [p for p in pairs if len(p[1]) > k]}
+        empty = [name for name, part in splits.items() if not part]   # K = 1 and K ≥ 48 (the longest output)
+        if empty:
+            raise ValueError(f"SCAN split {split!r} leaves no {' and no '.join(empty)} examples: choose K from 2 to 47")
+        return splits
     fillers = {"filler0": 0, "filler1": 1, "filler2": 2, "filler3": 3, "jump_around_right": 3}
     if split in fillers:  # Loula et al. exp. 2: the first k of look, walk, run are seen in "X around right"
         pairs = [p for p in pairs if not _contains(p[0], "turn around right")]

@@ -1,0 +1,123 @@
+"""Safety nets for changes that should not change behaviour (issue 21 item 1).
+
+Two snapshots under ``tests/golden/``:
+
+- ``configs.json``: the resolved configuration (``train.make_config``) of every (task, model, preset)
+  that train.py accepts, SCAN once per split. Compared exactly: a refactoring must not move a number.
+- ``runs.json``: a 3-step golden run per experiment (one task of each kind × every model it trains),
+  through ``train.train`` at batch 4, seed 0, on the cpu: the training loss of every step and, per
+  parameter, its sum and L2 norm afterwards. Compared with rtol 1e-4, not bit for bit, so that a fused op
+  that sums in another order passes while a changed initialisation, batch, dropout mask or update fails.
+  Evaluation is replaced by an empty one (it does not feed back into training, and it would take minutes).
+
+Regenerate after an intended change of behaviour, and say why in the commit:
+
+    MINATTN_UPDATE_GOLDEN=1 .venv/bin/python -m pytest -q tests/test_golden.py
+"""
+import dataclasses
+import functools
+import json
+import os
+
+import numpy as np
+
+import tasks
+import train
+
+GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "golden")
+UPDATE = os.environ.get("MINATTN_UPDATE_GOLDEN") == "1"
+RTOL = 1e-4
+
+# SCAN's configuration depends on its split (the number of steps is counted in epochs of its train set)
+SCAN_SPLITS = [s for s in tasks.SCAN_SPLITS if s != "length_cutoff_K"] + ["length_cutoff_26"]
+# One task per kind of task (ctl for the NDR paper's classifiers: arith and listops take seconds to minutes
+# to generate); every model each kind trains.
+RUN_TASKS = ("ctl", "retrieval", "lookup", "scan", "sort", "pairwise", "set", "mlu")
+RUN_SETTINGS = {"scan": {"split": "simple"}, "mlu": {"train_size": 1000}}
+
+
+def _compare_or_update(name, actual, compare):
+    path = os.path.join(GOLDEN, name)
+    if UPDATE:
+        os.makedirs(GOLDEN, exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(actual, f, indent=1, sort_keys=True)
+            f.write("\n")
+    with open(path) as f:
+        compare(json.load(f), json.loads(json.dumps(actual)))   # through JSON: tuples become lists
+
+
+def resolved_configs():
+    out = {}
+    for fam in train.FAMILIES:
+        for task in fam.tasks:
+            for model in fam.models:
+                for preset in ("cpu", "paper"):
+                    for split in (SCAN_SPLITS if task == "scan" else [None]):
+                        cfg = train.make_config(task, model, preset, split=split)
+                        key = "/".join([task, model, preset] + ([split] if split else []))
+                        out[key] = {"class": type(cfg.model_config).__name__, **dataclasses.asdict(cfg)}
+    return out
+
+
+def test_resolved_configurations_are_unchanged(monkeypatch):
+    # a SCAN config counts its split's training pairs; building each split once (not once per model and
+    # preset) saves seconds
+    monkeypatch.setattr(tasks, "scan_split", functools.lru_cache(tasks.scan_split))
+
+    def compare(expected, actual):
+        assert sorted(actual) == sorted(expected), "the set of (task, model, preset) combinations changed"
+        changed = [k for k in expected if expected[k] != actual[k]]
+        assert not changed, (f"configurations changed: {changed[:5]}; "
+                             f"first: {expected[changed[0]]} → {actual[changed[0]]}")
+    _compare_or_update("configs.json", resolved_configs(), compare)
+
+
+def golden_run(task, model, tmp_path, monkeypatch):
+    """(losses of 3 steps, {parameter: [sum, L2 norm]}) of train.train on a tiny batch."""
+    fam = train.family_of(task)
+    losses, models = [], []
+    real_loss, real_build = fam.loss, fam.build_model
+
+    def loss(self, m, batch):
+        out = real_loss(self, m, batch)
+        losses.append(float(out[0].data))
+        return out
+
+    def build_model(self):
+        models.append(real_build(self))
+        return models[-1]
+
+    monkeypatch.setattr(fam, "loss", loss)
+    monkeypatch.setattr(fam, "build_model", build_model)
+    monkeypatch.setattr(fam, "evaluate", lambda self, m: {})
+    cfg = train.make_config(task, model, "cpu", seed=0, steps=3, batch_size=4, eval_every=3,
+                            **RUN_SETTINGS.get(task, {}))
+    train.train(cfg, str(tmp_path / f"{task}-{model}"), progress=False)
+    params = {k: [float(np.sum(v, dtype=np.float64)), float(np.linalg.norm(v.astype(np.float64)))]
+              for k, v in models[0].state_dict().items()}
+    return losses, params
+
+
+def test_golden_runs_are_unchanged(tmp_path, monkeypatch):
+    runs = {}
+    for task in RUN_TASKS:
+        for model in train.family_of(task).models:
+            with monkeypatch.context() as m:
+                losses, params = golden_run(task, model, tmp_path, m)
+            runs[f"{task}/{model}"] = {"losses": losses, "params": params}
+
+    def compare(expected, actual):
+        assert sorted(actual) == sorted(expected)
+        for key, exp in expected.items():
+            act = actual[key]
+            np.testing.assert_allclose(act["losses"], exp["losses"], rtol=RTOL, err_msg=f"{key}: losses")
+            assert sorted(act["params"]) == sorted(exp["params"]), f"{key}: parameter names changed"
+            for name, values in exp["params"].items():
+                # a sum can cancel to ~0, so it also gets an absolute tolerance relative to the norm
+                np.testing.assert_allclose(act["params"][name][0], values[0], rtol=RTOL, atol=RTOL * values[1],
+                                           err_msg=f"{key}: sum of {name}")
+                np.testing.assert_allclose(act["params"][name][1], values[1], rtol=RTOL,
+                                           err_msg=f"{key}: norm of {name}")
+    _compare_or_update("runs.json", runs, compare)
+
