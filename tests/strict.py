@@ -126,6 +126,9 @@ class _StrictRandomState:
     def __init__(self, seed):
         self._rs = np.random.RandomState(seed)
 
+    def seed(self, seed):
+        self._rs.seed(seed)
+
     def random_sample(self, size, dtype=np.float64):
         return StrictArray(self._rs.random_sample(size).astype(dtype))
 
