@@ -108,7 +108,8 @@ def _binop(name):
 
 
 for _op, _uf in [("add", "add"), ("sub", "subtract"), ("mul", "multiply"), ("truediv", "true_divide"),
-                 ("matmul", "matmul"), ("pow", "power"), ("and", "logical_and"), ("or", "logical_or")]:
+                 ("matmul", "matmul"), ("pow", "power"), ("mod", "remainder"), ("and", "logical_and"),
+                 ("or", "logical_or")]:
     _f, _rf = _binop(_uf)
     setattr(StrictArray, f"__{_op}__", _f)
     setattr(StrictArray, f"__r{_op}__", _rf)
