@@ -184,3 +184,10 @@ def test_train_and_bench_exit_2_with_one_line_when_cuda_libraries_are_missing(co
                         if command[0] == "train.py" else [])], cwd=ROOT, env=env, capture_output=True, text=True)
     assert p.returncode == 2, p.stderr
     assert p.stderr.count("\n") == 1 and "libcurand" in p.stderr and "[ctk]" in p.stderr, p.stderr
+
+
+def test_no_float_atomics_in_the_library():
+    """add.at / scatter_add use float atomics on a GPU: results would change from run to run."""
+    pattern = re.compile(r"\.add\.at\(|scatter_add")
+    offenders = [str(p.relative_to(ROOT)) for p in (ROOT / "minattn").glob("**/*.py") if pattern.search(p.read_text())]
+    assert offenders == []
