@@ -10,7 +10,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from minattn import backend, nn
+from minattn import backend, nn, ops
 from minattn import functional as F
 from minattn.engine import Function, Tensor
 from minattn.gradcheck import GradcheckError, check_backward
@@ -460,3 +460,16 @@ def test_checker_rejects_float32_computation():
 
     with pytest.raises(GradcheckError, match="float32"):
         check_backward(lambda a: ToFloat32()(a), [np.ones(3)])
+
+
+@pytest.mark.parametrize("K", [5, ops.ONEHOT_MAX_ROWS + 1])       # one-hot on every device / CPU sorts
+def test_segment_sum_matches_a_float64_add_at(device, K):
+    """The gather gradient (no atomics) against np.add.at in float64 as the reference, repeats included."""
+    rng = np.random.default_rng(K)
+    g, k = rng.standard_normal((3, 40, 2)).astype(np.float32), rng.integers(0, K, 40)
+    k[:4] = K - 1                                                   # some row gets many
+    want = np.zeros((3, K, 2))
+    np.add.at(want, (slice(None), k), g.astype(np.float64))
+    got = ops.segment_sum(backend.to_device(g, device), backend.to_device(k, device), K)
+    assert backend.device_of(got) == device and got.dtype == np.float32
+    np.testing.assert_allclose(backend.to_numpy(got), want, rtol=1e-5, atol=1e-5)
