@@ -105,13 +105,13 @@ class _FakeRandomState:
 def fake_gpu(monkeypatch):
     """Install a fake CuPy in backend's loader; backend forgets the real "gpu" device for the test."""
     monkeypatch.setattr(backend, "_gpu_error", None)
-    monkeypatch.delitem(backend._XP, "gpu", raising=False)
+    monkeypatch.setattr(backend, "_XP", {k: v for k, v in backend._XP.items() if k != "gpu"})  # restored after
+    monkeypatch.setattr(backend, "_DEVICE_OF_TYPE", dict(backend._DEVICE_OF_TYPE))
     monkeypatch.setattr(backend, "_cupy_wheel", lambda: "cupy-cuda13x")
 
     def install(cupy=None, error=None):
         monkeypatch.setattr(backend, "_import_cupy", _raise(error) if error else lambda: cupy)
-    yield install
-    backend._DEVICE_OF_TYPE.pop(_FakeArray, None)
+    return install
 
 
 MISSING = 'Failure finding "{}": No such file: {}, No such file: {}\n'

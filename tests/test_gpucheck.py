@@ -42,10 +42,16 @@ def test_without_a_gpu_it_is_one_line_and_exit_2(capsys):
     assert err.count("\n") == 1 and "cupy" in err.lower()
 
 
+def _make_n(*args):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}   # also when run by `make test`
+    return subprocess.run(["make", "-n", "--no-print-directory", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True)
+
+
 def test_make_gpu_check_with_a_given_python_builds_no_venv_and_the_venv_gets_cupy_with_ctk():
-    p = subprocess.run(["make", "-n", "gpu-check", "PY=python3"], cwd=ROOT, capture_output=True, text=True)
-    assert p.returncode == 0 and p.stdout.strip() == "python3 -m minattn.gpucheck"
-    p = subprocess.run(["make", "-n", "gpu-check"], cwd=ROOT, capture_output=True, text=True)
+    p = _make_n("gpu-check", "PY=python3")
+    assert p.returncode == 0 and p.stdout.split() == ["python3", "-m", "minattn.gpucheck"]
+    p = _make_n("gpu-check")
     assert "install -q 'cupy-cuda12x[ctk]'" in p.stdout and "-m minattn.gpucheck" in p.stdout
-    p = subprocess.run(["make", "-n", "venv", "DEVICE=gpu", "CUPY=cupy-cuda13x"], cwd=ROOT, capture_output=True, text=True)
+    p = _make_n("venv", "DEVICE=gpu", "CUPY=cupy-cuda13x")
     assert "uninstall -q -y cupy-cuda12x" in p.stdout and "install -q 'cupy-cuda13x[ctk]'" in p.stdout
