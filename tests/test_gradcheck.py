@@ -120,6 +120,7 @@ OPS = [
     ("getitem_two_arrays_repeats", lambda a, i, j: a[:, i, j],
      inputs(N(2, 3, 4), const(np.array([[0, 2], [2, 1]])), const(np.array([3, 3])))),
     ("getitem_negative", lambda a, i: a[..., i], inputs(N(2, 3, 4), const(np.array([-1, 3, 0, -4])))),
+    ("getitem_list_repeats", lambda a: a[[0, 2, 2, -1]], inputs(N(3, 4))),
     ("getitem_int_and_array", lambda a, i: a[1, i], inputs(N(3, 4, 2), const(np.array([2, 2, 0])))),
     ("getitem_slice_and_array", lambda a, i: a[1:, i], inputs(N(3, 4), const(np.array([2, 2, 0])))),
     ("concat", lambda a, b: F.concat([a, b, a], axis=1), inputs(N(2, 3), N(2, 2))),
