@@ -4,6 +4,7 @@
 #   make train TASK=ctl MODEL=ndr DEVICE=cpu ARGS="--steps 1000"
 #   make plot RUN=runs/ctl-ndr-cpu-s0 [TASK=ctl MODEL=ndr]  pictures of a checkpoint into RUN/plots
 #   make bench                                  engine/model speed (not a test)
+#   make gpu-check [PY=python3]                 on a GPU machine: GPU tests, bench, a resume-exact NDR run
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -12,22 +13,27 @@ TASK   ?= ctl
 MODEL  ?= ndr
 ARGS   ?=
 RUN    ?=
-# The CuPy wheel for DEVICE=gpu: cupy-cuda12x or cupy-cuda13x, matching the CUDA driver (nvidia-smi).
+# The CuPy wheel for DEVICE=gpu: cupy-cuda12x or cupy-cuda13x, matching the CUDA version nvidia-smi shows.
+# Its [ctk] extra installs the CUDA libraries CuPy loads (NVRTC, cuBLAS, cuRAND) from PyPI, so a machine
+# with only the NVIDIA driver works; CUPY_EXTRA= (empty) uses a system CUDA toolkit instead.
 CUPY   ?= cupy-cuda12x
+CUPY_EXTRA ?= [ctk]
 # BLAS threads: 1 was faster for these small models on a shared 2-core machine (see README).
 export OPENBLAS_NUM_THREADS ?= 1
 
-.PHONY: venv test test-slow train plot bench clean
+.PHONY: venv test test-slow train plot bench gpu-check clean
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -e '.[test]'
 	@touch $@
 
+# DEVICE=gpu installs CuPy once per choice of wheel (recorded in .venv/.cupy). The two wheels share the
+# `cupy` package directory, so the other one is removed first.
 venv: $(VENV)/.installed
-ifeq ($(DEVICE),gpu)
-	@$(PY) -c 'import cupy' 2>/dev/null || $(PY) -m pip install -q $(CUPY)
-endif
+	@$(if $(filter gpu,$(DEVICE)),grep -qxF '$(CUPY)$(CUPY_EXTRA)' $(VENV)/.cupy 2>/dev/null || { \
+		$(PY) -m pip uninstall -q -y $(filter-out $(CUPY),cupy-cuda12x cupy-cuda13x) 2>/dev/null; \
+		$(PY) -m pip install -q '$(CUPY)$(CUPY_EXTRA)' && echo '$(CUPY)$(CUPY_EXTRA)' > $(VENV)/.cupy; })
 
 test: venv
 	MINATTN_REQUIRE_GPU=$(if $(filter gpu,$(DEVICE)),1,0) $(PY) -m pytest -q
@@ -48,6 +54,12 @@ plot: venv
 
 bench: venv
 	$(PY) -m minattn.bench --device $(DEVICE) $(ARGS)
+
+# PY=python3 (given on the command line) runs with a Python that already has numpy, cupy, tqdm and
+# pytest, without building the venv or reaching the network.
+gpu-check: DEVICE = gpu
+gpu-check: $(if $(filter command line,$(origin PY)),,venv)
+	$(PY) -m minattn.gpucheck $(ARGS)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

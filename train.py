@@ -16,7 +16,7 @@ training; "test" is the test accuracy at the evaluation with the best "valid" ac
 the later one), reported with that "best_step".
 
 Randomness: parameters are initialised from ``--seed``; the data order comes from a NumPy generator
-seeded from it; dropout and gate-dropout masks of step k come from ``RNG(seed).fork(k)``. So
+seeded from it; dropout and gate-dropout masks of step k come from ``RNG(seed).reseed(k)``. So
 ``--resume`` replays the data stream up to the saved step and continues bit for bit.
 """
 import argparse
@@ -1286,7 +1286,7 @@ def _train(cfg, out_dir, resume, progress):
     while step < cfg.steps and not fam.stop_early(step, history):
         t0 = time.perf_counter()
         batch = next(stream)
-        model.set_rng(run_rng.fork(step))     # dropout masks of step k are the same after a resume
+        model.set_rng(run_rng.reseed(step))   # step k's masks, also after a resume; one generator per run
         loss, batch_stats, n = fam.loss(model, batch)
         opt.zero_grad()
         loss.backward()

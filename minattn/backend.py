@@ -6,17 +6,19 @@ devices. Devices are named "cpu" and "gpu"; tests may register extra ones (see
 ``tests/strict.py``, a device whose arrays refuse implicit host conversion, as CuPy's do).
 
 Randomness is explicit: an ``RNG`` draws on the device of the data it makes, from a seed, and can be
-forked into independent streams (one per step, one per module) so runs are reproducible and
-resumable without saving device RNG state.
+forked into independent streams (one per module) or reseeded in place (one stream per training step,
+one generator per run) so runs are reproducible and resumable without saving device RNG state.
 """
 import os
+import re
 
 import numpy as np
 
 DEFAULT_DTYPE = np.float32
 
-GPU_HINT = ("install the CuPy wheel matching your CUDA driver: pip install cupy-cuda12x "
-            "(CUDA 12) or cupy-cuda13x (CUDA 13)")
+GPU_HINT = ('install CuPy with its CUDA libraries, matching the CUDA version nvidia-smi shows: '
+            'pip install "cupy-cuda12x[ctk]" (CUDA 12) or "cupy-cuda13x[ctk]" (CUDA 13); '
+            'make venv DEVICE=gpu [CUPY=cupy-cuda13x] does it')
 
 
 class DeviceError(RuntimeError):
@@ -34,18 +36,93 @@ def register_device(name, xp, array_type):
     _DEVICE_OF_TYPE[array_type] = name
 
 
-def _load_cupy():
+def _import_cupy():
+    """The one import of CuPy (tests replace this function with fakes that fail as CuPy does)."""
+    import cupy
+    return cupy
+
+
+def _cupy_wheel():
+    """The installed CuPy wheel's name, so a hint can name the exact package to fix."""
+    from importlib import metadata
+    for name in ("cupy-cuda12x", "cupy-cuda13x"):
+        try:
+            metadata.version(name)
+            return name
+        except metadata.PackageNotFoundError:
+            pass
+    return "cupy-cuda12x"
+
+
+def _gpu_failure(what, e):
+    """One line saying what failed and how to fix it, from the exception CuPy raised.
+
+    CuPy 14 loads NVRTC, cuBLAS and cuRAND only when first used, so a wheel installed without its
+    ``[ctk]`` extra on a driver-only machine imports fine and fails at the first kernel, matmul or
+    random draw: the self-test runs each once so that this happens here, not mid-training."""
+    text = " ".join(str(e).split())
+    wheel = _cupy_wheel()
+    lib = re.search(r"lib(nvrtc|cublas|curand|cudart)\w*", text)
+    if lib:
+        return (f"device 'gpu': {what} failed because CuPy cannot find {lib.group(0)}, a CUDA library that "
+                f"{wheel} installs only with its CUDA toolkit extra: pip install \"{wheel}[ctk]\"")
+    if re.search(r"InsufficientDriver|driver version is insufficient|UNSUPPORTED_PTX|NoDriver", text):
+        switch = (", or for a CUDA 12 driver use CuPy's CUDA 12 wheel: make venv DEVICE=gpu CUPY=cupy-cuda12x"
+                  if wheel == "cupy-cuda13x" else "")
+        return (f"device 'gpu': the NVIDIA driver is missing or older than {wheel}'s CUDA ({what}: {text[:120]}); "
+                f"update the driver (nvidia-smi shows the newest CUDA it supports){switch}")
+    if re.search(r"NoDevice|no CUDA-capable device", text):
+        return ("device 'gpu': CuPy sees no CUDA GPU; check that nvidia-smi lists one and that "
+                "CUDA_VISIBLE_DEVICES does not hide it")
+    return f"device 'gpu': {what} failed ({e.__class__.__name__}: {text[:160]}); {GPU_HINT}"
+
+
+def _self_test(cupy):
+    """Run one elementwise kernel, one float32 matmul and one random draw, and check their results."""
+    host = np.arange(6, dtype=np.float32).reshape(2, 3)
+    checks = (
+        ("an elementwise kernel (compiled by NVRTC)", lambda x: cupy.multiply(x, 2), host * 2),
+        ("a float32 matmul (cuBLAS)", lambda x: cupy.matmul(x, x.T), host @ host.T),
+        ("a random draw (cuRAND)", lambda x: cupy.random.RandomState(0).random_sample((2, 3), dtype=np.float32),
+         None))
+    what = "copying an array to the GPU"
     try:
-        import cupy
-    except Exception as e:  # ImportError, or a broken install that fails while importing
-        raise DeviceError(f"device 'gpu' needs CuPy, which could not be imported ({e.__class__.__name__}); "
-                          f"{GPU_HINT}") from None
-    try:
-        n = cupy.cuda.runtime.getDeviceCount()
+        x = cupy.asarray(host)
+        for what, run, expected in checks:
+            got = cupy.asnumpy(run(x))   # the copy back waits for the kernel, so its errors surface here
+            ok = (np.all((got >= 0) & (got < 1)) and np.unique(got).size > 1 if expected is None
+                  else np.array_equal(got, expected))
+            if not ok:
+                raise DeviceError(f"device 'gpu': {what} gave wrong results; reinstall CuPy: {GPU_HINT}")
+    except DeviceError:
+        raise
     except Exception as e:
-        raise DeviceError(f"device 'gpu': CuPy found no usable CUDA GPU ({e}); {GPU_HINT}") from None
-    if n < 1:
-        raise DeviceError(f"device 'gpu': CuPy found no CUDA GPU; {GPU_HINT}")
+        raise DeviceError(_gpu_failure(what, e)) from None
+
+
+_gpu_error = None   # the DeviceError of a failed first try: CuPy is validated once per process
+
+
+def _load_cupy():
+    global _gpu_error
+    if _gpu_error is not None:
+        raise _gpu_error
+    try:
+        try:
+            cupy = _import_cupy()
+        except Exception as e:  # ImportError, or a broken install that fails while importing
+            raise DeviceError(f"device 'gpu' needs CuPy, which could not be imported "
+                              f"({e.__class__.__name__}: {' '.join(str(e).split())[:120]}); {GPU_HINT}") from None
+        try:
+            n = cupy.cuda.runtime.getDeviceCount()
+        except Exception as e:
+            raise DeviceError(_gpu_failure("counting GPUs", e)) from None
+        if n < 1:
+            raise DeviceError(_gpu_failure("counting GPUs", RuntimeError("no CUDA-capable device")))
+        _self_test(cupy)
+    except DeviceError as e:
+        _gpu_error = e
+        raise
     register_device("gpu", cupy, cupy.ndarray)
     return cupy
 
@@ -102,22 +179,37 @@ def to_numpy(x):
 class RNG:
     """A seeded random stream that draws on one device.
 
-    ``fork(*keys)`` returns an independent stream determined by (seed, keys): the training loop
-    forks one per step, so resuming at step k replays exactly the same masks and noise.
+    The stream is determined by (seed, keys). ``fork(*keys)`` returns an independent stream with a
+    generator of its own (one per module); ``reseed(*keys)`` turns this one into the stream of
+    ``RNG(seed, device, keys)`` in place: the training loop reseeds one RNG with the step number each
+    step, so resuming at step k replays exactly the same masks and noise.
     """
 
     def __init__(self, seed=0, device="cpu", keys=()):
-        self.seed, self.device, self.keys = int(seed), device, tuple(int(k) for k in keys)
-        entropy = [self.seed, *self.keys]
-        xp = get_xp(device)
-        if xp is np:
-            self._gen = np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy)))
-        else:  # CuPy and test devices: seed the device generator from the same SeedSequence
-            seed32 = int(np.random.SeedSequence(entropy).generate_state(1)[0])
-            self._gen = xp.random.RandomState(seed32)
+        self.seed, self.device, self._gen = int(seed), device, None
+        self.reseed(*keys)
 
     def fork(self, *keys):
         return RNG(self.seed, self.device, self.keys + keys)
+
+    def reseed(self, *keys):
+        """Restart as the stream of (seed, keys), reusing the device generator; returns self.
+
+        On CuPy a generator is a cuRAND handle whose creation allocates device memory (and so may
+        synchronize with the GPU); reseeding it only sets its seed and offset. On NumPy the host-side
+        PCG64 is rebuilt, a few microseconds. Both give the same numbers as a new RNG(seed, keys)."""
+        self.keys = tuple(int(k) for k in keys)
+        seq = np.random.SeedSequence([self.seed, *self.keys])
+        xp = get_xp(self.device)
+        if xp is np:
+            self._gen = np.random.Generator(np.random.PCG64(seq))
+        else:  # CuPy and test devices: seed the device generator from the same SeedSequence
+            seed32 = int(seq.generate_state(1)[0])
+            if self._gen is None:
+                self._gen = xp.random.RandomState(seed32)
+            else:
+                self._gen.seed(seed32)
+        return self
 
     def uniform(self, shape, dtype=None):
         """Uniform samples in [0, 1)."""

@@ -95,7 +95,7 @@ class Module:
 
     def set_rng(self, rng):
         """Give every random module (Dropout, Gumbel attention, ...) the stream ``rng``; the
-        training loop passes a fresh fork each step so a resumed run replays the same noise."""
+        training loop reseeds it with the step number so a resumed run replays the same noise."""
         for _, m in self.named_modules():
             if "rng" in vars(m):
                 m.rng = rng

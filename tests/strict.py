@@ -108,7 +108,8 @@ def _binop(name):
 
 
 for _op, _uf in [("add", "add"), ("sub", "subtract"), ("mul", "multiply"), ("truediv", "true_divide"),
-                 ("matmul", "matmul"), ("pow", "power"), ("and", "logical_and"), ("or", "logical_or")]:
+                 ("matmul", "matmul"), ("pow", "power"), ("mod", "remainder"), ("and", "logical_and"),
+                 ("or", "logical_or")]:
     _f, _rf = _binop(_uf)
     setattr(StrictArray, f"__{_op}__", _f)
     setattr(StrictArray, f"__r{_op}__", _rf)
@@ -125,6 +126,9 @@ StrictArray.__hash__ = None
 class _StrictRandomState:
     def __init__(self, seed):
         self._rs = np.random.RandomState(seed)
+
+    def seed(self, seed):
+        self._rs.seed(seed)
 
     def random_sample(self, size, dtype=np.float64):
         return StrictArray(self._rs.random_sample(size).astype(dtype))

@@ -10,7 +10,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from minattn import backend, nn
+from minattn import backend, nn, ops
 from minattn import functional as F
 from minattn.engine import Function, Tensor
 from minattn.gradcheck import GradcheckError, check_backward
@@ -114,6 +114,15 @@ OPS = [
     ("getitem_int_array_repeats", lambda a, i: a[i], inputs(N(4, 3), const(np.array([0, 2, 2, 3, 0])))),
     ("getitem_mixed", lambda a, i: a[:, i], inputs(N(2, 4, 3), const(np.array([[1, 1], [3, 0]])))),
     ("getitem_bool", lambda a, m: a[m], inputs(N(3, 4), const(MASK))),
+    # gathers whose backward is a segment sum: many rows (CPU sorts), two adjacent index arrays, negative
+    # indices, an Ellipsis, and forms summed over flat positions (an int or a slice beside an array)
+    ("getitem_many_rows_repeats", lambda a, i: a[i], inputs(N(70, 2), const(np.array([69, 3, 69, 0, 3, 3])))),
+    ("getitem_two_arrays_repeats", lambda a, i, j: a[:, i, j],
+     inputs(N(2, 3, 4), const(np.array([[0, 2], [2, 1]])), const(np.array([3, 3])))),
+    ("getitem_negative", lambda a, i: a[..., i], inputs(N(2, 3, 4), const(np.array([-1, 3, 0, -4])))),
+    ("getitem_list_repeats", lambda a: a[[0, 2, 2, -1]], inputs(N(3, 4))),
+    ("getitem_int_and_array", lambda a, i: a[1, i], inputs(N(3, 4, 2), const(np.array([2, 2, 0])))),
+    ("getitem_slice_and_array", lambda a, i: a[1:, i], inputs(N(3, 4), const(np.array([2, 2, 0])))),
     ("concat", lambda a, b: F.concat([a, b, a], axis=1), inputs(N(2, 3), N(2, 2))),
     ("stack", lambda a, b: F.stack([a, b], axis=1), inputs(N(2, 3), N(2, 3))),
     ("broadcast_to", lambda a: F.broadcast_to(a, (2, 3, 4)), inputs(N(3, 1))),
@@ -127,6 +136,8 @@ OPS = [
     ("layer_norm", F.layer_norm, inputs(N(2, 3, 6), N(6), N(6))),
     ("layer_norm_reference", F.layer_norm_reference, inputs(N(2, 3, 6), N(6), N(6))),
     ("embedding_repeats", lambda w, i: F.embedding(w, i), inputs(N(5, 3), const(np.array([[0, 4, 4], [2, 0, 0]])))),
+    ("embedding_many_rows_repeats", lambda w, i: F.embedding(w, i),     # > ONEHOT_MAX_ROWS: CPU sorts
+     inputs(N(80, 2), const(np.array([[79, 4, 79], [2, 4, 4]])))),
     ("dropout", dropout_fn, inputs(N(4, 5))),
     ("geometric_weights", lambda z: geometric_attention_weights(z), inputs(lambda r: r.uniform(-3, 3, (2, 2, 5, 5)))),
     ("geometric_weights_padded_normalized", lambda z, m: geometric_attention_weights(z, m, normalize=True),
@@ -450,3 +461,16 @@ def test_checker_rejects_float32_computation():
 
     with pytest.raises(GradcheckError, match="float32"):
         check_backward(lambda a: ToFloat32()(a), [np.ones(3)])
+
+
+@pytest.mark.parametrize("K", [5, ops.ONEHOT_MAX_ROWS + 1])       # one-hot on every device / CPU sorts
+def test_segment_sum_matches_a_float64_add_at(device, K):
+    """The gather gradient (no atomics) against np.add.at in float64 as the reference, repeats included."""
+    rng = np.random.default_rng(K)
+    g, k = rng.standard_normal((3, 40, 2)).astype(np.float32), rng.integers(0, K, 40)
+    k[:4] = K - 1                                                   # some row gets many
+    want = np.zeros((3, K, 2))
+    np.add.at(want, (slice(None), k), g.astype(np.float64))
+    got = ops.segment_sum(backend.to_device(g, device), backend.to_device(k, device), K)
+    assert backend.device_of(got) == device and got.dtype == np.float32
+    np.testing.assert_allclose(backend.to_numpy(got), want, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,161 @@
+"""One command for a GPU machine: ``python -m minattn.gpucheck`` (``make gpu-check``).
+
+It runs, printing their output as they go, and then one summary line for each:
+
+1. ``tests``:  the GPU test cases (``pytest -m gpu`` with MINATTN_REQUIRE_GPU=1, so a skip is a failure);
+2. ``bench``:  ``python -m minattn.bench --device gpu``;
+3. ``resume``: NDR on CTL at the paper preset for 200 steps, and the same run stopped after 100 steps and
+   resumed to 200: every array of the two final checkpoints (parameters, optimizer state) and the
+   final metrics must be bit-identical. Float atomics or a device RNG that does not replay would show
+   here first.
+
+It needs a Python with numpy, cupy, tqdm and pytest and nothing else (no venv, no network):
+``make gpu-check PY=python3``. It runs ``train.py`` from the repository this package sits in. Arguments
+after ``--`` go to every train.py run (the tests use that for a tiny model on the CPU).
+Exit status: 0 when every part passed, 1 when one failed, 2 when the device cannot be used at all.
+"""
+import argparse
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+
+import numpy as np
+
+from . import backend
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PARTS = ("tests", "bench", "resume")
+
+
+def _run(argv, env=None):
+    """Run a command, echoing its output; returns (exit status, output lines)."""
+    print("$ " + " ".join(argv), flush=True)
+    p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env=dict(os.environ, **(env or {})))
+    lines = []
+    for line in p.stdout:
+        print(line, end="", flush=True)
+        lines.append(line.rstrip("\n"))
+    return p.wait(), lines
+
+
+def check_tests(device, _):
+    code, lines = _run([sys.executable, "-m", "pytest", "-q", "-m", "gpu"],
+                       env={"MINATTN_REQUIRE_GPU": "1" if device == "gpu" else "0"})
+    return code == 0, (lines[-1].strip("= ") if lines else "no output")
+
+
+def check_bench(device, _):
+    code, lines = _run([sys.executable, "-m", "minattn.bench", "--device", device])
+    ndr = [ln.strip() for ln in lines if ln.strip().startswith("train")][:1]
+    return code == 0, ("NDR " + ndr[0] if ndr else f"exit status {code}")
+
+
+def checkpoint_arrays(run_dir):
+    """Every array of a run's checkpoint, by key path (read generically: .npz or a pickled dict)."""
+    names = sorted(n for n in os.listdir(run_dir) if n.startswith("checkpoint") and not n.endswith(".json"))
+    if not names:
+        raise FileNotFoundError(f"no checkpoint in {run_dir}")
+    path = os.path.join(run_dir, names[0])
+    if zipfile.is_zipfile(path):
+        with np.load(path) as z:
+            return {k: z[k] for k in z.files}
+    with open(path, "rb") as f:
+        obj = pickle.load(f)   # a file this check's own train.py run has just written
+    found = {}
+
+    def walk(x, key):
+        if isinstance(x, dict):
+            for k, v in x.items():
+                walk(v, f"{key}/{k}")
+        elif isinstance(x, (list, tuple)):
+            for i, v in enumerate(x):
+                walk(v, f"{key}/{i}")
+        elif isinstance(x, np.ndarray):
+            found[key] = x
+    walk(obj, "")
+    return found
+
+
+def compare_arrays(a, b):
+    """None when both dicts hold the same keys and bit-identical arrays, else what differs first."""
+    if a.keys() != b.keys():
+        return f"different arrays: {sorted(set(a) ^ set(b))[:3]}"
+    for k in sorted(a):
+        if a[k].shape != b[k].shape or a[k].dtype != b[k].dtype or a[k].tobytes() != b[k].tobytes():
+            diff = np.abs(a[k].astype(np.float64) - b[k].astype(np.float64)).max() if a[k].shape == b[k].shape else "shape"
+            return f"{k} differs (max |diff| {diff})"
+    return None
+
+
+def check_resume(device, opts):
+    """200 steps straight vs 100 + resume to 200, compared bit for bit."""
+    steps, half = opts.steps, opts.steps // 2
+    base = [sys.executable, "train.py", "--task", "ctl", "--model", "ndr", "--preset", opts.preset,
+            "--device", device, "--no-progress", *opts.train_args]
+    with tempfile.TemporaryDirectory(prefix="gpucheck-") as tmp:
+        straight, split = os.path.join(tmp, "straight"), os.path.join(tmp, "split")
+        for argv in ([*base, "--steps", str(steps), "--out", straight],
+                     [*base, "--steps", str(half), "--out", split],
+                     [*base, "--steps", str(steps), "--out", split, "--resume"]):
+            code, lines = _run(argv)
+            if code != 0:
+                return False, f"train.py exited {code}: {lines[-1] if lines else ''}"
+        a, b = checkpoint_arrays(straight), checkpoint_arrays(split)
+        results = [json.load(open(os.path.join(d, "results.json"))) for d in (straight, split)]
+    problem = compare_arrays(a, b)
+    if problem is None and results[0]["final_metrics"] != results[1]["final_metrics"]:
+        problem = f"final metrics differ: {results[0]['final_metrics']} vs {results[1]['final_metrics']}"
+    if problem:
+        return False, f"{steps} steps straight vs {half} + resume: {problem}"
+    return True, (f"{steps} steps straight == {half} + resume to {steps}: {len(a)} arrays bit-identical; "
+                  f"{results[0]['ms_per_step']} ms/step; final {results[0]['final_metrics']}")
+
+
+CHECKS = {"tests": check_tests, "bench": check_bench, "resume": check_resume}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="gpu", help="gpu (cpu only to test this check itself)")
+    ap.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts of {list(PARTS)}")
+    ap.add_argument("--steps", type=int, default=200, help="steps of the resume check (resumed at half)")
+    ap.add_argument("--preset", default="paper", help="train.py preset of the resume check")
+    ap.add_argument("train_args", nargs="*", help="after --: more train.py arguments for the resume check")
+    opts = ap.parse_args(argv)
+    parts = opts.only.split(",")
+    if set(parts) - set(PARTS) or opts.steps < 2:
+        print(f"error: --only takes {', '.join(PARTS)} and --steps at least 2", file=sys.stderr)
+        return 2
+    if not os.path.exists(os.path.join(ROOT, "train.py")):
+        print(f"error: gpucheck runs train.py from the repository, and {ROOT} has none: run it in a clone",
+              file=sys.stderr)
+        return 2
+    try:
+        backend.get_xp(opts.device)   # an unusable GPU is one line here, not three failures
+    except backend.DeviceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    summary, t0 = [], time.perf_counter()
+    for name in parts:
+        print(f"\n=== gpu-check: {name} ===", flush=True)
+        try:
+            ok, detail = CHECKS[name](opts.device, opts)
+        except Exception as e:   # keep going: the summary reports it
+            ok, detail = False, f"{e.__class__.__name__}: {e}"
+        summary.append((name, ok, detail))
+    print(f"\n=== gpu-check summary (device {opts.device}, {time.perf_counter() - t0:.0f} s) ===")
+    for name, ok, detail in summary:
+        print(f"{name:7s} {'PASS' if ok else 'FAIL'}  {detail}")
+    passed = all(ok for _, ok, _ in summary)
+    print("gpu-check: " + ("all passed" if passed else "FAILED"))
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

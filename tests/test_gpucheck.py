@@ -1,0 +1,57 @@
+"""`make gpu-check` (minattn.gpucheck): what can be checked without a GPU — the resume comparison on the CPU,
+its power to find a difference, the one-line refusal without a GPU, and the Makefile wiring."""
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+from minattn import backend, gpucheck
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--batch-size", "16", "--eval-every", "2", "--set", "d_model=16", "--set", "d_ff=16",
+        "--set", "n_steps=2", "--set", "eval_batch_size=2048"]
+
+
+def test_resume_check_passes_on_the_cpu_and_would_see_one_changed_bit(monkeypatch, capsys):
+    seen = []
+    read = gpucheck.checkpoint_arrays
+    monkeypatch.setattr(gpucheck, "checkpoint_arrays", lambda d: seen.append(read(d)) or seen[-1])
+    assert gpucheck.main(["--device", "cpu", "--only", "resume", "--steps", "4", "--preset", "cpu", "--", *TINY]) == 0
+    out = capsys.readouterr().out
+    assert "resume  PASS  4 steps straight == 2 + resume to 4" in out and "gpu-check: all passed" in out
+    straight, split = seen
+    assert len(straight) > 10 and gpucheck.compare_arrays(straight, split) is None
+    name = next(k for k in sorted(split) if split[k].dtype == np.float32)
+    flipped = split[name].copy()
+    flipped.view(np.uint32).flat[0] ^= 1                 # one bit of one parameter
+    assert name in gpucheck.compare_arrays(straight, {**split, name: flipped})
+
+
+def test_a_failed_part_is_reported_and_exits_1(monkeypatch, capsys):
+    monkeypatch.setitem(gpucheck.CHECKS, "bench", lambda device, opts: (False, "exit status 3"))
+    assert gpucheck.main(["--device", "cpu", "--only", "bench"]) == 1
+    assert "bench   FAIL  exit status 3" in capsys.readouterr().out
+
+
+def test_without_a_gpu_it_is_one_line_and_exit_2(capsys):
+    if backend.gpu_available():
+        pytest.skip("a GPU is present")
+    assert gpucheck.main([]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cupy" in err.lower()
+
+
+def _make_n(*args):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}   # also when run by `make test`
+    return subprocess.run(["make", "-n", "--no-print-directory", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True)
+
+
+def test_make_gpu_check_with_a_given_python_builds_no_venv_and_the_venv_gets_cupy_with_ctk():
+    p = _make_n("gpu-check", "PY=python3")
+    assert p.returncode == 0 and p.stdout.split() == ["python3", "-m", "minattn.gpucheck"]
+    p = _make_n("gpu-check")
+    assert "install -q 'cupy-cuda12x[ctk]'" in p.stdout and "-m minattn.gpucheck" in p.stdout
+    p = _make_n("venv", "DEVICE=gpu", "CUPY=cupy-cuda13x")
+    assert "uninstall -q -y cupy-cuda12x" in p.stdout and "install -q 'cupy-cuda13x[ctk]'" in p.stdout
