@@ -64,7 +64,8 @@ class MultiHeadAttention(Module):
                                              shape=(d_model, 2 * inner)))
         self.b_q = Parameter(np.zeros(inner, backend.DEFAULT_DTYPE)) if bias else None
         self.b_kv = Parameter(np.zeros(2 * inner, backend.DEFAULT_DTYPE)) if bias else None
-        w_o = xavier_uniform(rng, *keras_fans((n_head, self.d_head, d_model)), shape=(inner, d_model)) if keras else None
+        o_fans = keras_fans((n_head, self.d_head, d_model))
+        w_o = xavier_uniform(rng, *o_fans, shape=(inner, d_model)) if keras else None   # None: Linear's own init
         self.out = Linear(inner, d_model, bias=bias, rng=rng, weight=w_o)
         if bias:
             self.out.bias.data[:] = 0
