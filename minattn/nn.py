@@ -293,3 +293,15 @@ def sinusoidal_positions(positions, d, layout="interleaved", dtype=None):
     else:
         raise ValueError(f"unknown layout {layout!r}; use 'interleaved' or 'concat'")
     return pe.astype(dtype or backend.DEFAULT_DTYPE)
+
+
+def keras_fans(shape):
+    """(fan_in, fan_out) of a kernel as Keras computes them for glorot_uniform (keras/initializers
+    ``_compute_fans``): (in, out) for a 2-D kernel; an N-D kernel is read as a convolution's
+    (..., in, out), so fan_in = shape[−2]·∏shape[:−2] and fan_out = shape[−1]·∏shape[:−2]. Keras'
+    MultiHeadAttention keeps q/k/v as (d_model, n_head, d_head) kernels and o as (n_head, d_head, d_model),
+    so their Glorot limits differ from those of the flattened matrices (docs/abstractor.md §5.1)."""
+    if len(shape) < 3:
+        return (shape[0], shape[-1]) if shape else (1, 1)
+    receptive = math.prod(shape[:-2])
+    return shape[-2] * receptive, shape[-1] * receptive

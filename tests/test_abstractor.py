@@ -5,6 +5,7 @@ counts of §5, masks, causality and greedy decoding. Section numbers (§) withou
 docs/abstractor.md.
 """
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -12,13 +13,14 @@ import pytest
 import train
 from minattn import backend, optim
 from minattn import functional as F
+from minattn.attention.multihead import MultiHeadAttention
 from minattn.attention.relational import PositionRelativeRCA, RelationalCrossAttention, SimplifiedRCA
 from minattn.engine import Tensor, eval_mode, no_grad
 from minattn.models.abstractor import (AbstractorConfig, AbstractorLayer, AbstractorSeq2Seq, PositionalSymbols,
                                        RelationalClassifier, SimplifiedConfig, SymbolicAttention, build_seq2seq)
 from minattn.models.transformer import (DecoderLayer, EncoderDecoderConfig, EncoderLayer, FeedForwardBlock,
                                         Seq2SeqTransformer, keras_attention)
-from minattn.nn import sinusoidal_positions
+from minattn.nn import LayerNorm, keras_fans, sinusoidal_positions, xavier_uniform
 
 
 def softmax(r):
@@ -336,3 +338,113 @@ def test_relational_classifier_shapes_and_eval_determinism():
     assert not np.array_equal(model(x).data, model(x).data)  # dropout is on in training
     model.eval()  # nn.Dropout follows the module flag (eval_mode() alone leaves it on)
     np.testing.assert_array_equal(model(x).data, model(x).data)
+
+
+# --- initialisation: "default" and "keras" (§5.1) ----------------------------------------------------------
+
+def _weight_kinds(model):
+    """Parameter name → its row in the init table of §5.1, found from the module that owns it."""
+    kinds = {}
+    for prefix, m in model.named_modules():
+        if isinstance(m, MultiHeadAttention):
+            kinds.update({prefix + "w_q": "mha.w_q", prefix + "w_kv": "mha.w_kv", prefix + "out.weight": "mha.w_o"})
+        elif isinstance(m, RelationalCrossAttention):
+            kinds.update({prefix + "w_qk": "rca.w_qk", prefix + "w_v": "rca.w_v", prefix + "out.weight": "rca.w_o"})
+        elif isinstance(m, SimplifiedRCA):
+            kinds.update({prefix + "w_qk": "srca.w_qk", prefix + "w_p": "srca.w_p"})
+        elif isinstance(m, FeedForwardBlock):
+            kinds.update({prefix + f"ff.fc{i}.{w}": f"ff.{w}{i}" for i in (1, 2) for w in ("weight", "bias")})
+        elif isinstance(m, LayerNorm):
+            kinds.update({prefix + "weight": "one", prefix + "bias": "zero"})
+        elif isinstance(m, PositionalSymbols):
+            kinds[prefix + "symbols"] = "normal"
+    for name, _ in model.named_parameters():
+        if name not in kinds and (name.endswith(".bias") or name.split(".")[-1].startswith("b_")):
+            kinds[name] = "zero"           # the Dense layers' and attention's biases: 0 in both inits
+        elif name not in kinds:
+            kinds[name] = name             # Dense kernels and embeddings: by name
+    return kinds
+
+
+# (default, keras) bounds of U(±bound) per kind, for the models train.py builds: the table of §5.1.
+_SORT = {"mha.w_q": (0.17678, 0.03769), "mha.w_kv": (0.13693, 0.03769), "mha.w_o": (0.08839, 0.15309),
+         "rca.w_qk": (0.13693, 0.03769), "rca.w_v": (0.17678, 0.03769), "rca.w_o": (0.17678, 0.15309),
+         "ff.weight1": (0.21651, 0.21651), "ff.weight2": (0.21651, 0.21651), "ff.bias1": (0.125, 0),
+         "ff.bias2": (0.125, 0), "src_embed.weight": (0.28098, 0.28098), "tgt_embed.weight": (0.05, 0.05),
+         "head.weight": (0.28475, 0.28475)}
+_PAIRWISE = {"srca.w_qk": (0.17678, 0.27386), "srca.w_p": (0.27386, 0.27386), "ff.weight1": (0.21651, 0.21651),
+             "ff.weight2": (0.21651, 0.21651), "ff.bias1": (0.125, 0), "ff.bias2": (0.125, 0),
+             "embed.weight": (0.25, 0.25), "hidden.weight": (0.19365, 0.19365), "out.weight": (0.42640, 0.42640)}
+_SET = {"srca.w_qk": (0.21651, 0.27386), "srca.w_p": (0.27386, 0.27386), "ff.weight1": (0.17678, 0.17678),
+        "ff.weight2": (0.17678, 0.17678), "ff.bias1": (0.125, 0), "ff.bias2": (0.08839, 0),
+        "embed.weight": (0.28098, 0.28098), "out.weight": (0.17586, 0.17586)}
+
+
+def _init_case(case, init):
+    task, model = case.split("/")
+    cfg = dataclasses.replace(train.make_config(task, model, "cpu").model_config, init=init)
+    if task == "sort":
+        return build_seq2seq(model, 11, 10, cfg, d_src=12, seed=3), _SORT
+    if task == "pairwise":
+        return RelationalClassifier(32, 2, 1, cfg, seed=3), _PAIRWISE
+    return RelationalClassifier(12, 3, 2, cfg, seed=3), _SET
+
+
+@pytest.mark.parametrize("init", ["default", "keras"])
+@pytest.mark.parametrize("case", ["sort/abstractor", "sort/abstractor-ablation", "sort/transformer-seq2seq",
+                                  "pairwise/abstractor-simplified", "set/abstractor-simplified"])
+def test_init_bounds_per_weight(case, init):
+    """Each kernel is U(±bound) with the bound of §5.1's table: max |w| ≤ bound, and close to it (of ≥ 640
+    draws, one lands within 1% of the bound with probability 1 − 0.99^640 > 0.998); the keras biases are
+    exactly 0; LayerNorm γ = 1, β = 0; learned symbols N(0, 1)."""
+    model, table = _init_case(case, init)
+    column = 0 if init == "default" else 1
+    for name, kind in _weight_kinds(model).items():
+        w = dict(model.named_parameters())[name].data.astype(np.float64)
+        if kind in ("one", "zero"):
+            assert np.all(w == (1.0 if kind == "one" else 0.0)), name
+        elif kind == "normal":
+            assert abs(w.mean()) < 0.15 and 0.85 < w.std() < 1.15, name
+        else:
+            assert kind in table, f"{name}: no row for {kind!r} in the table of docs/abstractor.md §5.1"
+            bound, top = table[kind][column], np.abs(w).max()
+            if bound == 0:
+                assert np.all(w == 0), f"{name} ({init}): {top}"
+            else:
+                assert top <= bound * 1.0001 and top >= bound * (0.99 if w.size >= 640 else 0.8), \
+                    f"{name} ({init}): max |w| {top:.5f}, bound {bound}"
+
+
+def test_keras_bounds_are_keras_glorot_fans():
+    """The keras column of §5.1 from Keras' rule (keras/initializers ``_compute_fans``), with the kernel shapes
+    of its MultiHeadAttention's EinsumDense layers, and the 2-D rule where nothing is folded."""
+    def glorot(shape):
+        return math.sqrt(6 / sum(keras_fans(shape)))
+    assert keras_fans((64, 2, 64)) == (128, 4096) and keras_fans((2, 64, 64)) == (128, 128)
+    assert keras_fans((64, 16)) == (64, 16) and keras_fans((5,)) == (5, 5)
+    assert glorot((64, 2, 64)) == pytest.approx(_SORT["mha.w_q"][1], abs=1e-5)     # q, k, v
+    assert glorot((2, 64, 64)) == pytest.approx(_SORT["mha.w_o"][1], abs=1e-5)     # o
+    assert glorot((64, 16)) == pytest.approx(_PAIRWISE["srca.w_qk"][1], abs=1e-5)  # one Dense(d_k) per relation
+
+
+def test_default_init_is_the_same_draw_as_before():
+    """"default" is what the models drew before the option existed: spelling it out changes nothing, and the
+    first kernel drawn matches a hand-made draw from the same generator (the golden runs check the rest)."""
+    cfg = train.make_config("sort", "abstractor", "cpu").model_config
+    a = build_seq2seq("abstractor", 11, 10, cfg, d_src=12, seed=5).state_dict()
+    b = build_seq2seq("abstractor", 11, 10, dataclasses.replace(cfg, init="default"), d_src=12, seed=5).state_dict()
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    rng = np.random.default_rng(0)
+    mha = MultiHeadAttention(64, 2, rng=np.random.default_rng(0), d_head=64, bias=True)
+    np.testing.assert_array_equal(mha.w_q.data, xavier_uniform(rng, 64, 128))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: build_seq2seq("abstractor", 7, 6, AbstractorConfig(**TINY, init="glorot"), d_src=3),
+    lambda: build_seq2seq("transformer-seq2seq", 7, 6, AbstractorConfig(**TINY, init="Keras"), d_src=3),
+    lambda: RelationalClassifier(4, 3, 2, SimplifiedConfig(init="torch")),
+    lambda: MultiHeadAttention(8, 2, init="xavier"),
+])
+def test_unknown_init_fails_clearly(make):
+    with pytest.raises(ValueError, match="unknown init .*default, keras"):
+        make()

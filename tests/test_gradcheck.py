@@ -336,6 +336,29 @@ MODULES += [
         ("b", {}), ("d_multi_attention", dict(architecture="d")),
         ("e_multi_attention_code_form", dict(architecture="e", decoder_form="code")),
     ]
+] + [
+    # init="keras" (docs/abstractor.md §5.1): the same functions from other starting weights (small q/k/v,
+    # zero FF biases), so every module and model that reads the option is a row of its own
+    ("MultiHeadAttention_keras_init", lambda m, x, c, k: m(x, context=c, key_mask=k),
+     lambda rng: MultiHeadAttention(8, 2, rng=rng, d_head=3, bias=True, init="keras"),
+     inputs(N(2, 3, 8), N(2, 5, 8), const(ABS_MASK))),
+    ("RCA_softmax_keras_init", lambda m, x, s, k: m(x, s, key_mask=k), _rca(init="keras"),
+     inputs(N(2, 5, 8), N(2, 5, 8), const(ABS_MASK))),
+    ("SimplifiedRCA_sigmoid_keras_init", lambda m, x, s: m(x, s),
+     lambda rng: SimplifiedRCA(8, 2, 3, 6, "sigmoid", rng=rng, init="keras"), inputs(N(2, 3, 8), N(2, 3, 6))),
+    ("AbstractorLayer_ablation_keras_init", lambda m, a, e, k: m(a, e, k),
+     lambda rng: AbstractorLayer(_abstractor_cfg(init="keras"), rng, ablation=True),
+     inputs(N(2, 5, 8), N(2, 5, 8), const(ABS_MASK))),
+    ("AbstractorSeq2Seq_b_keras_init", lambda m, x, t, k: m(x, t, k),
+     lambda rng: AbstractorSeq2Seq(7, 6, _abstractor_cfg(init="keras"), d_src=3), ABS_SEQ),
+    ("Seq2SeqTransformer_keras_init", lambda m, x, t, k: m(x, t, k),
+     lambda rng: Seq2SeqTransformer(7, 6, EncoderDecoderConfig(**ABS, init="keras"), d_src=3), ABS_SEQ),
+    ("RelationalClassifier_keras_init", lambda m, x: m(x),
+     lambda rng: RelationalClassifier(4, 3, 2, SimplifiedConfig(**SIMPLE, init="keras")), inputs(N(2, 3, 4))),
+    ("RelationalClassifier_set_form_keras_init", lambda m, x: m(x),
+     lambda rng: RelationalClassifier(4, 3, 2, SimplifiedConfig(**SIMPLE, activation="linear", symmetric=True,
+                                                                rel_bias=True, head_hidden=0, init="keras")),
+     inputs(N(2, 3, 4))),
 ]
 
 
@@ -352,6 +375,11 @@ def _coda(**options):
 
 @dataclasses.dataclass
 class _CoDAEncoderDecoderConfig(CoDAConfig, EncoderDecoderConfig):
+    pass
+
+
+@dataclasses.dataclass
+class _CoDAEncoderConfig(CoDAConfig, EncoderConfig):
     pass
 
 
@@ -390,6 +418,20 @@ MODULES += [
     ("CoDASeq2SeqTransformer_centered", lambda m, x, t, k: m(x, t, k),
      lambda rng: CoDASeq2SeqTransformer(7, 6, _CoDAEncoderDecoderConfig(**ABS, coda_gate="centered", coda_center_e=True),
                                         d_src=3, seed=1), ABS_SEQ),
+] + [
+    # the models' CoDA options as issue 20 item 1 sets them from the command line (--set coda_beta=1, --set
+    # coda_gate=centered), through the config fields that CoDAttention.from_config reads; and init="keras"
+    (f"CoDASeq2SeqTransformer_{name}", lambda m, x, t, k: m(x, t, k),
+     lambda rng, kw=kw: CoDASeq2SeqTransformer(7, 6, _CoDAEncoderDecoderConfig(**ABS, **kw), d_src=3, seed=1), ABS_SEQ)
+    for name, kw in [("beta1_scaled", dict(coda_beta=1.0, coda_gate="scaled")),
+                     ("beta1_centered", dict(coda_beta=1.0, coda_gate="centered")),
+                     ("keras_init", dict(coda_beta=0.5, init="keras"))]
+] + [
+    (f"Classifier_transformer-coda_{name}", lambda m, i, n: m(i, n),
+     lambda rng, kw=kw: Classifier("transformer-coda", 20, 4, _CoDAEncoderConfig(**TINY, **kw)).eval(),
+     inputs(const(IDS), const(LENGTHS)))
+    for name, kw in [("beta1_scaled", dict(coda_beta=1.0, coda_gate="scaled")),
+                     ("beta1_centered", dict(coda_beta=1.0, coda_gate="centered"))]
 ]
 
 

@@ -172,9 +172,10 @@ class CoDAttention(MultiHeadAttention):
     last_gate = gate_log = None
 
     def __init__(self, d_model, n_head, attention_dropout=0.0, rng=None, d_head=None, bias=False, alpha=1.0,
-                 beta=1.0, gate="scaled", center_e=False, scale=True, composition="tanh-sigmoid", row_mean=False):
+                 beta=1.0, gate="scaled", center_e=False, scale=True, composition="tanh-sigmoid", row_mean=False,
+                 init="default"):
         _check_options(gate, composition, alpha, beta)
-        super().__init__(d_model, n_head, attention_dropout, rng, d_head, bias)
+        super().__init__(d_model, n_head, attention_dropout, rng, d_head, bias, init)
         self.alpha, self.beta, self.gate, self.center_e = alpha, beta, gate, center_e
         self.scale = 1 / math.sqrt(self.d_head) if scale else 1.0
         self.composition, self.row_mean = composition, row_mean

@@ -16,9 +16,15 @@ import numpy as np
 
 from .. import backend
 from .. import functional as F
-from ..nn import Dropout, Linear, Module, Parameter, head_size, xavier_uniform
+from ..nn import Dropout, Linear, Module, Parameter, head_size, keras_fans, xavier_uniform
 
 MASKED = -1e9
+INITS = ("default", "keras")   # how the Abstractor-family models draw their kernels (docs/abstractor.md §5.1)
+
+
+def check_init(init):
+    if init not in INITS:
+        raise ValueError(f"unknown init {init!r}; use one of {', '.join(INITS)}")
 
 
 def attention_mask(key_mask, T_q, T_k, causal, like):
@@ -42,17 +48,25 @@ def masked_softmax(logits, key_mask=None, causal=False):
 class MultiHeadAttention(Module):
     last_weights = None
 
-    def __init__(self, d_model, n_head, attention_dropout=0.0, rng=None, d_head=None, bias=False):
+    def __init__(self, d_model, n_head, attention_dropout=0.0, rng=None, d_head=None, bias=False, init="default"):
         """``d_head`` (default d_model / n_head) and ``bias`` (on q, k, v and o, initialised to 0) give
-        the Keras layer of the Abstractor code, whose heads are each d_model wide (docs/abstractor.md §5)."""
+        the Keras layer of the Abstractor code, whose heads are each d_model wide (docs/abstractor.md §5).
+        ``init="keras"`` draws the kernels as that layer does: Glorot-uniform with the fans of its
+        (d_model, H, d_head) and (H, d_head, d_model) kernels (docs/abstractor.md §5.1)."""
+        check_init(init)
         rng = rng or np.random.default_rng(0)
         self.n_head, self.d_head = n_head, d_head or head_size(d_model, n_head)
         inner = n_head * self.d_head
-        self.w_q = Parameter(xavier_uniform(rng, d_model, inner))
-        self.w_kv = Parameter(xavier_uniform(rng, d_model, 2 * inner))   # fused [W_k | W_v]
+        keras = init == "keras"
+        qkv_fans = keras_fans((d_model, n_head, self.d_head)) if keras else None   # W_q, W_k, W_v alike
+        self.w_q = Parameter(xavier_uniform(rng, *(qkv_fans or (d_model, inner)), shape=(d_model, inner)))
+        self.w_kv = Parameter(xavier_uniform(rng, *(qkv_fans or (d_model, 2 * inner)),   # fused [W_k | W_v]
+                                             shape=(d_model, 2 * inner)))
         self.b_q = Parameter(np.zeros(inner, backend.DEFAULT_DTYPE)) if bias else None
         self.b_kv = Parameter(np.zeros(2 * inner, backend.DEFAULT_DTYPE)) if bias else None
-        self.out = Linear(inner, d_model, bias=bias, rng=rng)
+        o_fans = keras_fans((n_head, self.d_head, d_model))
+        w_o = xavier_uniform(rng, *o_fans, shape=(inner, d_model)) if keras else None   # None: Linear's own init
+        self.out = Linear(inner, d_model, bias=bias, rng=rng, weight=w_o)
         if bias:
             self.out.bias.data[:] = 0
         self.dropout = Dropout(attention_dropout)

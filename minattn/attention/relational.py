@@ -19,8 +19,8 @@ import numpy as np
 
 from .. import backend
 from .. import functional as F
-from ..nn import Dropout, Linear, Module, Parameter, xavier_uniform
-from .multihead import attention_mask
+from ..nn import Dropout, Linear, Module, Parameter, keras_fans, xavier_uniform
+from .multihead import attention_mask, check_init
 
 ACTIVATIONS = ("softmax", "sigmoid", "tanh", "linear")
 MASKED = -1e9  # finite stand-in for −inf before a softmax: a fully masked row stays finite
@@ -43,26 +43,33 @@ class RelationalCrossAttention(Module):
     """Multi-head RCA in MHA form (paper Eq. 6; docs/abstractor.md §1.2): α_h = σ_rel(scale · Q_h K_hᵀ)
     with Q_h = X W_q^h + b_q^h, K_h = X W_k^h + b_k^h; O = concat_h(Drop(α_h) (S W_v^h + b_v^h)) W_o + b_o. Each head is
     ``d_head`` wide (default d_model, as in the reference code); ``scale`` is "sqrt" (1/√d_head) or
-    "none". Causal masks are allowed only with softmax; any other σ_rel refuses them (docs/abstractor.md §1.2)."""
+    "none". Causal masks are allowed only with softmax; any other σ_rel refuses them (docs/abstractor.md §1.2).
+    ``init="keras"`` draws the kernels as the reference code's Keras layer does (docs/abstractor.md §5.1)."""
     last_weights = None
 
     def __init__(self, d_model, n_head, d_head=None, d_symbol=None, activation="softmax", symmetric=False,
-                 scale="sqrt", attention_dropout=0.0, rng=None):
+                 scale="sqrt", attention_dropout=0.0, rng=None, init="default"):
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown relation activation {activation!r}; use one of {', '.join(ACTIVATIONS)}")
         if scale not in ("sqrt", "none"):
             raise ValueError(f"unknown scale {scale!r}; use 'sqrt' (1/sqrt(d_head)) or 'none'")
+        check_init(init)
         rng = rng or np.random.default_rng(0)
         self.n_head, self.d_head = n_head, d_head or d_model
         self.activation, self.symmetric = activation, symmetric
         self.scale = 1 / math.sqrt(self.d_head) if scale == "sqrt" else 1.0
         inner, n_proj = n_head * self.d_head, 1 if symmetric else 2
         d_symbol = d_symbol or d_model
-        self.w_qk = Parameter(xavier_uniform(rng, d_model, n_proj * inner))  # [W_q | W_k], or W_q = W_k alone
+        if init == "keras":   # Keras' kernels: (d, H, d_head) for q, k and v, (H, d_head, d_symbol) for o
+            qk_fans, v_fans = keras_fans((d_model, n_head, self.d_head)), keras_fans((d_symbol, n_head, self.d_head))
+            o_fans = keras_fans((n_head, self.d_head, d_symbol))
+        else:                 # Glorot on the matrices as stored
+            qk_fans, v_fans, o_fans = (d_model, n_proj * inner), (d_symbol, inner), (inner, d_symbol)
+        self.w_qk = Parameter(xavier_uniform(rng, *qk_fans, shape=(d_model, n_proj * inner)))  # [W_q | W_k] or W_q
         self.b_qk = Parameter(_zeros(n_proj * inner))
-        self.w_v = Parameter(xavier_uniform(rng, d_symbol, inner))
+        self.w_v = Parameter(xavier_uniform(rng, *v_fans, shape=(d_symbol, inner)))
         self.b_v = Parameter(_zeros(inner))
-        self.out = Linear(inner, d_symbol, rng=rng, weight=xavier_uniform(rng, inner, d_symbol))
+        self.out = Linear(inner, d_symbol, rng=rng, weight=xavier_uniform(rng, *o_fans, shape=(inner, d_symbol)))
         self.out.bias.data[:] = 0
         self.dropout = Dropout(attention_dropout)
 
@@ -125,20 +132,24 @@ class SimplifiedRCA(Module):
     Eq. 1), one block per relation r = 1..d_r:
     R^r_ij = ⟨W_q^r x_i + b_q^r, W_k^r x_j + b_k^r⟩ (unscaled; biases only with ``bias=True``),
     Ã^r = σ_rel(R^r) S, then a per-relation Dense P^r: d_s → d_s / d_r, and A = concat_r P^r Ã^r.
-    Unlike the MHA form, the symbols are aggregated unprojected and there is no output matrix."""
+    Unlike the MHA form, the symbols are aggregated unprojected and there is no output matrix.
+    ``init="keras"``: W_q^r, W_k^r Glorot-uniform as the reference code's one Dense(d_k) per relation
+    (docs/abstractor.md §5.1), not over the stored (d_model, 2·d_r·d_k) matrix."""
     last_weights = None
 
     def __init__(self, d_model, n_relations, d_key, d_symbol=None, activation="softmax", symmetric=False,
-                 bias=False, rng=None):
+                 bias=False, rng=None, init="default"):
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown relation activation {activation!r}; use one of {', '.join(ACTIVATIONS)}")
         d_symbol = d_symbol or d_model
         if d_symbol % n_relations:
             raise ValueError(f"d_symbol {d_symbol} must be a multiple of n_relations {n_relations}")
+        check_init(init)
         rng = rng or np.random.default_rng(0)
         n_proj, d_out = 1 if symmetric else 2, d_symbol // n_relations
         self.n_relations, self.d_key, self.activation, self.symmetric = n_relations, d_key, activation, symmetric
-        self.w_qk = Parameter(xavier_uniform(rng, d_model, n_proj * n_relations * d_key))
+        qk_fans = (d_model, d_key) if init == "keras" else (d_model, n_proj * n_relations * d_key)
+        self.w_qk = Parameter(xavier_uniform(rng, *qk_fans, shape=(d_model, n_proj * n_relations * d_key)))
         self.b_qk = Parameter(_zeros(n_proj * n_relations * d_key)) if bias else None
         self.w_p = Parameter(xavier_uniform(rng, d_symbol, d_out, shape=(n_relations, d_symbol, d_out)))
         self.b_p = Parameter(np.zeros((n_relations, 1, d_out), backend.DEFAULT_DTYPE))

@@ -27,6 +27,7 @@ import numpy as np
 
 from .. import backend
 from .. import functional as F
+from ..attention.multihead import check_init
 from ..attention.relational import ACTIVATIONS, RelationalCrossAttention, SimplifiedRCA
 from ..engine import Tensor
 from ..nn import Dropout, LayerNorm, Module, Parameter, sinusoidal_positions, xavier_uniform
@@ -126,7 +127,7 @@ class AbstractorLayer(Module):
             self.rca = keras_attention(cfg, rng)
         else:
             self.rca = RelationalCrossAttention(d, cfg.n_head, cfg.d_head or d, d, cfg.activation, cfg.symmetric,
-                                                cfg.rca_scale, cfg.attention_dropout, rng)
+                                                cfg.rca_scale, cfg.attention_dropout, rng, cfg.init)
         self.rca_norm = LayerNorm(d, eps) if cfg.rca_residual else None
         self.ffn = FeedForwardBlock(cfg, rng)
 
@@ -222,6 +223,7 @@ class SimplifiedConfig:
     dropout: float = 0.1
     ln_eps: float = 1e-3
     head_hidden: int = 32        # hidden ReLU layer of the head; 0 = none (SET)
+    init: str = "default"        # "keras": W_q/W_k and biases as the reference code (docs/abstractor.md §5.1)
 
 
 class SimplifiedAbstractorLayer(Module):
@@ -229,7 +231,7 @@ class SimplifiedAbstractorLayer(Module):
 
     def __init__(self, cfg, rng):
         self.rca = SimplifiedRCA(cfg.d_model, cfg.n_relations, cfg.d_key, cfg.d_model, cfg.activation, cfg.symmetric,
-                                 cfg.rel_bias, rng)
+                                 cfg.rel_bias, rng, cfg.init)
         self.ffn = FeedForwardBlock(cfg, rng)
         self.dropout = Dropout(cfg.dropout)
 
@@ -242,6 +244,7 @@ class RelationalClassifier(Module):
     [Dense(head_hidden, ReLU)] → Dense(n_out) logits (§6.2: 1 logit for a sigmoid; §6.3: 2 for a softmax)."""
 
     def __init__(self, d_in, n_objects, n_out, cfg, seed=0):
+        check_init(cfg.init)
         rng = np.random.default_rng(seed)
         self.embed = dense(d_in, cfg.d_model, rng)
         self.symbols = PositionalSymbols(n_objects, cfg.d_model, "learned", rng)

@@ -26,7 +26,7 @@ from .. import functional as F
 from ..attention.coda import CoDAttention
 from ..attention.compositional import CompositionalAttention
 from ..attention.geometric import GeometricAttention
-from ..attention.multihead import MultiHeadAttention
+from ..attention.multihead import MultiHeadAttention, check_init
 from ..attention.relative import RelativeMultiHeadAttention
 from ..engine import is_training
 from ..nn import Dropout, Embedding, FeedForward, LayerNorm, Linear, Module, sinusoidal_positions, xavier_uniform
@@ -232,6 +232,7 @@ class EncoderDecoderConfig:
     ln_eps: float = 1e-3             # Keras' default
     pe_layout: str = "concat"        # sinusoidal positions: "concat" (sin | cos halves) or "interleaved"
     decoder_form: str = "paper"      # several contexts: "paper" (Alg. 2) or "code" (a full layer per context)
+    init: str = "default"            # "keras": the reference code's kernels and zero biases (docs/abstractor.md §5.1)
 
 
 def dense(d_in, d_out, rng):
@@ -242,16 +243,21 @@ def dense(d_in, d_out, rng):
 
 
 def keras_attention(cfg, rng):
-    """Softmax MHA as in the Keras code: biases on q, k, v, o and heads d_head (default d_model) wide."""
+    """Softmax MHA as in the Keras code: biases on q, k, v, o and heads d_head (default d_model) wide;
+    ``cfg.init`` "keras" also draws its kernels as Keras does (docs/abstractor.md §5.1)."""
     return MultiHeadAttention(cfg.d_model, cfg.n_head, cfg.attention_dropout, rng,
-                              d_head=cfg.d_head or cfg.d_model, bias=True)
+                              d_head=cfg.d_head or cfg.d_model, bias=True, init=cfg.init)
 
 
 class FeedForwardBlock(Module):
-    """x ← LN(x + Drop(W2 ReLU(W1 x + b1) + b2)): the FF sub-layer of every block here (docs/abstractor.md §3)."""
+    """x ← LN(x + Drop(W2 ReLU(W1 x + b1) + b2)): the FF sub-layer of every block here (docs/abstractor.md §3).
+    W1, W2 Glorot-uniform; b1, b2 PyTorch's U(±1/√fan_in), or 0 (Keras' Dense) with ``cfg.init`` "keras"."""
 
     def __init__(self, cfg, rng):
         self.ff = FeedForward(cfg.d_model, cfg.d_ff, 0.0, rng, xavier=True)
+        if cfg.init == "keras":
+            self.ff.fc1.bias.data[:] = 0
+            self.ff.fc2.bias.data[:] = 0
         self.dropout = Dropout(cfg.dropout)
         self.norm = LayerNorm(cfg.d_model, cfg.ln_eps)
 
@@ -329,6 +335,7 @@ class Seq2SeqTransformer(Module):
             raise ValueError("give exactly one of d_src (vector inputs) and n_src_tokens (token inputs)")
         if cfg.decoder_form not in ("paper", "code"):
             raise ValueError(f"unknown decoder_form {cfg.decoder_form!r}; use 'paper' or 'code'")
+        check_init(cfg.init)
         rng = np.random.default_rng(seed)
         d = cfg.d_model
         self.cfg = cfg
@@ -406,4 +413,5 @@ class CoDASeq2SeqTransformer(Seq2SeqTransformer):
     def attention(self, role, rng):
         cfg = self.cfg
         return CoDAttention.from_config(cfg, cfg.d_model, cfg.n_head, cfg.attention_dropout, rng,
-                                        d_head=cfg.d_head or cfg.d_model, bias=True, row_mean=role != "encoder")
+                                        d_head=cfg.d_head or cfg.d_model, bias=True, row_mean=role != "encoder",
+                                        init=cfg.init)
