@@ -130,7 +130,7 @@ def show_config(cfg, preset):
         for f in dataclasses.fields(now):
             value, old = getattr(now, f.name), getattr(was, f.name)
             if f.name != "model_config":
-                lines.append(f"  {'*' if value != old else ' '} {f.name} = {value!r}" + (f"   [{old!r}]" if value != old else ""))
+                lines.append(f"  * {f.name} = {value!r}   [{old!r}]" if value != old else f"    {f.name} = {value!r}")
     return "\n".join(lines)
 
 
@@ -352,7 +352,8 @@ def parse_args(argv=None):
     ap.add_argument("--task", help="one of: " + ", ".join(t for f in RECIPES for t in f.tasks) + " (default ctl)")
     models = dict.fromkeys(m for f in RECIPES for m in f.models)  # sort and MLU share transformer-seq2seq
     ap.add_argument("--model", help="one of: " + ", ".join(models) + " (default ndr)")
-    ap.add_argument("--split", help="scan: the split, e.g. filler0, length, length_cutoff_26 (python tasks.py stats --task scan)")
+    ap.add_argument("--split", help="scan: the split, e.g. filler0, length, length_cutoff_26 (all: SCAN_SPLITS in "
+                    "minattn/data/seq2seq.py)")
     ap.add_argument("--device", default="cpu", help="cpu or gpu (needs CuPy: pip install cupy-cuda12x)")
     ap.add_argument("--preset", default="cpu", help="cpu (default; ~30 min on 2 cores) or paper (the paper's "
                     "hyperparameters, for a GPU)")
@@ -361,7 +362,8 @@ def parse_args(argv=None):
     ap.add_argument("--lr", type=float, help="learning rate (default: the preset's)")
     ap.add_argument("--seed", type=int, default=0, help="seed of initialisation, data order and dropout")
     ap.add_argument("--eval-every", type=int, help="evaluate and checkpoint every N steps")
-    ap.add_argument("--out", help="run directory (default: runs/TASK-MODEL-PRESET-sSEED, the task tagged with --split, --train-size, --searches, --retrievals and --ood when given)")
+    ap.add_argument("--out", help="run directory (default: runs/TASK-MODEL-PRESET-sSEED, the task tagged with --split, "
+                    "--train-size, --searches, --retrievals and --ood when given)")
     ap.add_argument("--resume", nargs="?", const=True, default=False, metavar="DIR",
                     help="continue the checkpoint in --out (or DIR) exactly; without --task/--model the run's "
                          "task, model and settings come from the checkpoint (add --steps N to extend it)")

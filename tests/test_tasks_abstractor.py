@@ -8,6 +8,7 @@ import pytest
 import tasks
 from minattn.data import objects  # noqa: E402
 import train
+from minattn import recipes
 
 
 @pytest.fixture(scope="module")
@@ -176,8 +177,8 @@ def test_sort_greedy_metrics_use_the_selected_parameters(tmp_path, monkeypatch):
     """A tiny sort run (a small data set and model) through the real family, with the selection metric
     forced to peak at the first evaluation (step 2 of 6): the greedy metrics are computed once, at the end,
     with exactly the step-2 parameters, also when the run was interrupted and resumed after the peak."""
-    monkeypatch.setattr(train.SortFamily, "make_task", lambda self: tasks.SortTask(n_sequences=400))
-    evaluate, evaluate_selected = train.SortFamily.evaluate, train.SortFamily.evaluate_selected
+    monkeypatch.setattr(recipes.abstractor.Sort, "make_task", lambda self: tasks.SortTask(n_sequences=400))
+    evaluate, evaluate_selected = recipes.abstractor.Sort.evaluate, recipes.abstractor.Sort.evaluate_selected
     calls, used = [], {}
 
     def peaked(self, model):
@@ -188,8 +189,8 @@ def test_sort_greedy_metrics_use_the_selected_parameters(tmp_path, monkeypatch):
         used.clear()
         used.update(model.state_dict())
         return evaluate_selected(self, model)
-    monkeypatch.setattr(train.SortFamily, "evaluate", peaked)
-    monkeypatch.setattr(train.SortFamily, "evaluate_selected", spy)
+    monkeypatch.setattr(recipes.abstractor.Sort, "evaluate", peaked)
+    monkeypatch.setattr(recipes.abstractor.Sort, "evaluate_selected", spy)
 
     def run(out, steps, resume=False):
         cfg = train.make_config("sort", "abstractor", "cpu", train_size=64, batch_size=32, steps=steps, eval_every=2,

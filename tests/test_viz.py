@@ -15,6 +15,8 @@ from minattn.models.transformer import Classifier, CoDASeq2SeqTransformer, Encod
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tasks  # noqa: E402
 import train  # noqa: E402
+from minattn import recipes  # noqa: E402
+from minattn.recipes.base import example_name  # noqa: E402
 
 TOKENS = ["<sos>", "a", "b", "c", "<eos>"]
 OUT_VOCAB = ["<unk>", "<pad>", "<sos>", "<eos>", "A", "B", "C"]
@@ -328,7 +330,7 @@ def pairwise_run(tmp_path_factory):
 def test_plot_command_without_matplotlib_prints_the_maps(pairwise_run, no_matplotlib, capsys):
     assert train.main(["--plot", "--out", pairwise_run]) == 0
     out = capsys.readouterr().out
-    assert out.count("== pairwise / abstractor-simplified: ") == train.PLOT_EXAMPLES
+    assert out.count("== pairwise / abstractor-simplified: ") == recipes.PLOT_EXAMPLES
     assert "-- layer 1, relation 3 --" in out and "pip install" in out
     assert not os.path.exists(os.path.join(pairwise_run, "plots"))
 
@@ -336,7 +338,7 @@ def test_plot_command_without_matplotlib_prints_the_maps(pairwise_run, no_matplo
 def test_plot_command_writes_pngs(pairwise_run, capsys):
     pytest.importorskip("matplotlib")
     assert train.main(["--plot", "--resume", pairwise_run, "--task", "pairwise", "--example", "5 41"]) == 0
-    path = os.path.join(pairwise_run, "plots", train._example_name("5 41") + "-relations.png")
+    path = os.path.join(pairwise_run, "plots", example_name("5 41") + "-relations.png")
     assert f"wrote {path}" in capsys.readouterr().out and png_size(path)[0] > 0
 
 
@@ -382,6 +384,6 @@ def test_every_family_draws_its_examples(task, model, settings, good, bad):
     pictures = fam.plot_examples(net, [])
     assert pictures and all(p.title.startswith(f"{task} / {model}") for p in pictures)
     if good:
-        assert all(p.name.startswith(train._example_name(good) + "-") for p in fam.plot_examples(net, [good]))
+        assert all(p.name.startswith(example_name(good) + "-") for p in fam.plot_examples(net, [good]))
     with pytest.raises(train.UsageError, match="--example"):
         fam.plot_examples(net, [bad])
