@@ -11,6 +11,10 @@ atomic ``DIR/checkpoint.npz`` (model, optimizer, step, best result; NumPy arrays
 docs/checkpoints.md); at the end ``DIR/results.json``. One run holds a directory at a time (``DIR/lock``).
 A loss or gradient norm that is not finite stops the run (exit code 3).
 
+What differs between papers (model, presets, batches, loss, evaluation, pictures) is a recipe in
+minattn/recipes/, found by task in its one table ``RECIPES``; the run directory's files (lock, checkpoint,
+log, --report) are minattn/rundir.py. This file: configuration, the loop, trained runs, the command line.
+
 Model selection follows the NDR paper (docs/ndr.md §6): "iid" is the IID accuracy at the end of
 training; "test" is the test accuracy at the evaluation with the best "valid" accuracy (ties go to
 the later one), reported with that "best_step".
@@ -291,6 +295,8 @@ def _train(cfg, out_dir, resume, progress):
     return results
 
 
+# --- trained runs: --evaluate, --analyze, --plot ----------------------------------------------------------
+
 # what `--set` may change in a trained run (--evaluate, --plot, --analyze): evaluation, never the weights
 EVAL_SETTINGS = ("n_steps_eval", "eval_batch_size")
 
@@ -345,6 +351,8 @@ def plot(out_dir, device="cpu", texts=(), task=None, model=None, settings=()):
         print(f"wrote {path}")
     return paths
 
+
+# --- the command line -------------------------------------------------------------------------------------
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -46,51 +46,57 @@ class Preset:
 # the CTL/arithmetic "Transformer", but the official code builds that (universal) variant without passing
 # the sweep's embedding_init (tasks/simple/transformer_classifier_mixin.py), so its default N(0, 1) applies.
 # Readout (§1): SOS on ListOps and for the arithmetic "Transformer" and "+ rel", EOS everywhere else.
-CTL, ARITH, LISTOPS = (dict(grad_clip=5.0), dict(grad_clip=1.0, batching="bucketed"),
-                       dict(grad_clip=1.0, batching="bucketed", readout="sos"))
 PAPER = {
     ("ctl", "transformer"): Preset(
         d_model=128, d_ff=256, n_head=4, n_steps=11, dropout=0.1, attention_dropout=0.0, gate_dropout=0.0,
-        embedding_init="normal", readout="eos", steps=30_000, lr=1.5e-4, weight_decay=0.0025, batching="random", **CTL),
+        embedding_init="normal", readout="eos",
+        steps=30_000, lr=1.5e-4, weight_decay=0.0025, grad_clip=5.0, batching="random"),
     ("ctl", "transformer-rel-gate"): Preset(
         d_model=256, d_ff=1024, n_head=1, n_steps=14, dropout=0.5, attention_dropout=0.1, gate_dropout=0.0,
-        embedding_init="normal", readout="eos", steps=30_000, lr=2e-4, weight_decay=0.01, batching="random", **CTL),
+        embedding_init="normal", readout="eos",
+        steps=30_000, lr=2e-4, weight_decay=0.01, grad_clip=5.0, batching="random"),
     ("ctl", "ndr"): Preset(
         d_model=256, d_ff=512, n_head=1, n_steps=14, dropout=0.5, attention_dropout=0.1, gate_dropout=0.1,
-        embedding_init="normal", readout="eos", steps=30_000, lr=1.5e-4, weight_decay=0.01, batching="bucketed", **CTL),
+        embedding_init="normal", readout="eos",
+        steps=30_000, lr=1.5e-4, weight_decay=0.01, grad_clip=5.0, batching="bucketed"),
     ("arith", "transformer"): Preset(
         d_model=128, d_ff=256, n_head=4, n_steps=11, dropout=0.5, attention_dropout=0.1, gate_dropout=0.0,
-        embedding_init="normal", readout="sos", steps=200_000, lr=1.5e-4, weight_decay=0.0025, **ARITH),
+        embedding_init="normal", readout="sos",
+        steps=200_000, lr=1.5e-4, weight_decay=0.0025, grad_clip=1.0, batching="bucketed"),
     ("arith", "transformer-absrel-gate"): Preset(
         d_model=256, d_ff=1024, n_head=4, n_steps=15, dropout=0.5, attention_dropout=0.1, gate_dropout=0.1,
-        embedding_init="normal", readout="eos", steps=100_000, lr=1.5e-4, weight_decay=0.01, **ARITH),
+        embedding_init="normal", readout="eos",
+        steps=100_000, lr=1.5e-4, weight_decay=0.01, grad_clip=1.0, batching="bucketed"),
     ("arith", "ndr"): Preset(
         d_model=256, d_ff=1024, n_head=4, n_steps=15, dropout=0.5, attention_dropout=0.1, gate_dropout=0.1,
-        embedding_init="normal", readout="eos", steps=100_000, lr=1.5e-4, weight_decay=0.01, **ARITH),
+        embedding_init="normal", readout="eos",
+        steps=100_000, lr=1.5e-4, weight_decay=0.01, grad_clip=1.0, batching="bucketed"),
     ("listops", "transformer"): Preset(
         d_model=256, d_ff=1024, n_head=16, n_steps=6, dropout=0.015, attention_dropout=0.05, gate_dropout=0.0,
-        embedding_init="normal", steps=200_000, lr=4e-4, weight_decay=0.05, **LISTOPS),
+        embedding_init="normal", readout="sos",
+        steps=200_000, lr=4e-4, weight_decay=0.05, grad_clip=1.0, batching="bucketed"),
     ("listops", "transformer-absrel-gate"): Preset(
         d_model=512, d_ff=2048, n_head=16, n_steps=20, dropout=0.1, attention_dropout=0.1, gate_dropout=0.05,
-        embedding_init="normal", steps=100_000, lr=2e-4, weight_decay=0.09, **LISTOPS),
+        embedding_init="normal", readout="sos",
+        steps=100_000, lr=2e-4, weight_decay=0.09, grad_clip=1.0, batching="bucketed"),
     ("listops", "ndr"): Preset(
         d_model=512, d_ff=1024, n_head=16, n_steps=20, dropout=0.1, attention_dropout=0.1, gate_dropout=0.05,
-        embedding_init="normal", steps=100_000, lr=2e-4, weight_decay=0.09, n_steps_eval=24, **LISTOPS),
+        embedding_init="normal", readout="sos", n_steps_eval=24,
+        steps=100_000, lr=2e-4, weight_decay=0.09, grad_clip=1.0, batching="bucketed"),
 }
-# The same runs with another embedding init: "+ rel" (Kaiming; Xavier on ListOps), and "+ geom. att."
-# (Kaiming), which the paper ran on CTL only, so elsewhere it takes the Transformer's sizes (EOS readout).
-for _t, _init in (("ctl", "kaiming"), ("arith", "kaiming"), ("listops", "xavier")):
-    PAPER[_t, "transformer-rel"] = dataclasses.replace(PAPER[_t, "transformer"], embedding_init=_init)
-    PAPER[_t, "transformer-geom"] = dataclasses.replace(PAPER[_t, "transformer"], embedding_init="kaiming",
-                                                        readout="sos" if _t == "listops" else "eos")
-    # compositional attention as a drop-in: exactly the Transformer's run (EOS readout outside ListOps)
-    PAPER[_t, "transformer-compositional"] = dataclasses.replace(PAPER[_t, "transformer-geom"],
-                                                                 embedding_init="normal")
+for _task, _init in (("ctl", "kaiming"), ("arith", "kaiming"), ("listops", "xavier")):
+    _transformer, _readout = PAPER[_task, "transformer"], "sos" if _task == "listops" else "eos"
+    # "+ rel": the Transformer's run with another embedding init
+    PAPER[_task, "transformer-rel"] = dataclasses.replace(_transformer, embedding_init=_init)
+    # "+ geom. att." (the paper ran it on CTL only) and compositional attention (a drop-in): the
+    # Transformer's run, read at EOS outside ListOps
+    PAPER[_task, "transformer-geom"] = dataclasses.replace(_transformer, embedding_init="kaiming", readout=_readout)
+    PAPER[_task, "transformer-compositional"] = dataclasses.replace(_transformer, readout=_readout)
 # "+ abs/rel + gate" is "+ rel + gate" plus the abs gate; where the paper has only one of them, both
 # share its row.
 PAPER["ctl", "transformer-absrel-gate"] = PAPER["ctl", "transformer-rel-gate"]
-for _t in ("arith", "listops"):
-    PAPER[_t, "transformer-rel-gate"] = PAPER[_t, "transformer-absrel-gate"]
+for _task in ("arith", "listops"):
+    PAPER[_task, "transformer-rel-gate"] = PAPER[_task, "transformer-absrel-gate"]
 
 # --- "cpu": sized for a 2-core machine (~30 min per run) ------------------------------------------------
 # Steps measured next to another training job at batch 128 (ms/step): arithmetic (T ≤ ~40) transformer 620,
@@ -114,9 +120,10 @@ def cpu_preset(task, model):
                               steps=(CPU_STEPS_GATED if gated else CPU_STEPS)[task])
     if task == "ctl":   # with 30× fewer samples, CTL's rare shallow samples (1% of train) are learned too
         cpu = dataclasses.replace(cpu, batching="balanced")   # late: each batch draws one depth, uniformly
-    if task == "listops":   # ListOps' gated models halve the batch, the others shrink to d = 128
-        cpu = dataclasses.replace(cpu, batch_size=64) if gated else dataclasses.replace(cpu, d_model=128, d_ff=512,
-                                                                                         n_head=4)
+    if task == "listops" and gated:   # ListOps: the gated models halve the batch ...
+        cpu = dataclasses.replace(cpu, batch_size=64)
+    elif task == "listops":           # ... the others shrink to d = 128
+        cpu = dataclasses.replace(cpu, d_model=128, d_ff=512, n_head=4)
     return dataclasses.replace(cpu, **CPU_GATED.get(model, {}))
 
 
@@ -186,8 +193,8 @@ class Classification(Recipe):
         return float(backend.to_numpy(correct)) / len(split)
 
     def log_extra(self, model):
-        """Mean copy-gate activation on a few IID samples: gates can stay shut (§2). For transformer-coda,
-        the mean CoDA gate instead (docs/coda.md §3: it can start almost closed)."""
+        """Mean copy-gate activation (g of §2) on a few IID samples, so a log shows gates that stay shut. For
+        transformer-coda, the mean CoDA gate instead (docs/coda.md §3: it can start almost closed)."""
         if self.cfg.model not in ("ndr", "transformer-rel-gate", "transformer-absrel-gate", "transformer-coda"):
             return {}
         x, lengths, _ = self.to_device(next(eval_batches(self.task.splits["iid"], 256)))
