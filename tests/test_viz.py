@@ -364,8 +364,8 @@ def test_plot_command_checks_the_run(pairwise_run, tmp_path, capsys):
     assert "2 distinct object indices in 0..63" in capsys.readouterr().err
 
 
-# Every family's --plot glue on an untrained tiny model (task, model, settings, a good and a bad --example).
-FAMILIES = [
+# Every recipe's --plot glue on an untrained tiny model (task, model, settings, a good and a bad --example).
+RECIPE_CASES = [
     ("ctl", "ndr", dict(d_model=8, d_ff=8, n_steps=2), "101 d a b", "101 z"),
     ("retrieval", "compositional", dict(d_model=12), None, "anything"),
     ("lookup", "seq2attn", dict(d_embedding=8, d_hidden=8), "100 t3 t1 .", "100 t9"),
@@ -376,9 +376,9 @@ FAMILIES = [
 ]
 
 
-@pytest.mark.parametrize("task,model,settings,good,bad", FAMILIES, ids=[f[0] for f in FAMILIES])
-def test_every_family_draws_its_examples(task, model, settings, good, bad):
-    fam = train.family_of(task)(train.make_config(task, model, **settings))
+@pytest.mark.parametrize("task,model,settings,good,bad", RECIPE_CASES, ids=[f[0] for f in RECIPE_CASES])
+def test_every_recipe_draws_its_examples(task, model, settings, good, bad):
+    fam = recipes.recipe_for(task)(train.make_config(task, model, **settings))
     fam.load_task()
     net = fam.build_model()
     pictures = fam.plot_examples(net, [])
