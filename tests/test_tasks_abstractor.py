@@ -1,4 +1,4 @@
-"""The Abstractor's tasks (docs/abstractor.md §6) and their training families in train.py."""
+"""The Abstractor's tasks (docs/abstractor.md §6) and their training recipes (minattn/recipes/abstractor.py)."""
 import itertools
 import json
 
