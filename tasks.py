@@ -18,17 +18,18 @@
 
 The generators live in the package (``minattn.data``) behind one interface, described in its
 docstring: ``task.splits``, ``len(split)``, ``split.lines``, ``split.describe()``. The names below
-are re-exported for train.py and the tests. Generated token-classification data is cached under
-``$MINATTN_CACHE`` (default ~/.cache/minattn); the other tasks are generated in about a second.
+are re-exported for scripts and the tests (train.py reaches the data through its recipes, minattn/recipes/).
+Generated token-classification data is cached under ``$MINATTN_CACHE`` (default ~/.cache/minattn); the
+other tasks are generated in about a second.
 """
 import argparse
 import os
 import sys
 
-# The names train.py reads as tasks.<name>, re-exported (tests/test_layout.py keeps this list complete).
+# Re-exported: the tests and scripts read them as tasks.<name>; their home is minattn.data.
 from minattn.data import (SCAN_SPLITS, TASKS, MLUTask, PairwiseOrderTask, Ragged, RetrievalTask,  # noqa: F401
-                          Seq2SeqSplit, SetTask, SortTask, batches, collate, epoch_batches, eval_batches,
-                          get_task, is_set, scan_split)
+                          SetTask, SortTask, batches, collate, epoch_batches, eval_batches, get_task, is_set,
+                          scan_split)
 from minattn.data.seq2seq import ScanGrammar
 
 

@@ -1,7 +1,7 @@
 """CoDA quasi-attention (docs/coda.md): the fused L1 distance against its definition and its memory bound,
 Eq. 10 against a direct NumPy computation, masks that give exactly zero weight, stability at huge distances
 and with every key masked, the gate at initialisation (§3) and in the training logs, the MLU generator
-(§5) and its training family. Gradients are checked in tests/test_gradcheck.py.
+(§5) and its training recipe (minattn/recipes/mlu.py). Gradients are checked in tests/test_gradcheck.py.
 Section numbers (§) without "paper" are those of docs/coda.md."""
 import json
 import math
@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tasks  # noqa: E402
 from minattn.data import mlu as mlu_data  # noqa: E402
 import train  # noqa: E402
+from minattn import recipes  # noqa: E402
 
 
 def _normal(*shape, seed=0, scale=1.0):
@@ -230,7 +231,7 @@ def test_pairwise_form_pools_the_raw_sequences():
 def test_greedy_decoding_equals_teacher_forcing_with_centring():
     """Row-wise Mean(·) in the decoder keeps CoDA causal, so decoding one position at a time (cached keys)
     gives the logits of the full teacher-forced pass on the decoded prefix."""
-    cfg = train.MLUConfig(d_model=16, n_head=2, d_head=8, d_ff=16, n_encoder_layers=1, n_decoder_layers=2,
+    cfg = recipes.mlu.MLUConfig(d_model=16, n_head=2, d_head=8, d_ff=16, n_encoder_layers=1, n_decoder_layers=2,
                           dropout=0.0, attention_dropout=0.0, coda_gate="centered", coda_center_e=True)
     model = CoDASeq2SeqTransformer(9, 9, cfg, n_src_tokens=12, seed=0).eval()
     src, src_mask = np.random.default_rng(0).integers(1, 12, (3, 6)), np.arange(6) < np.array([[6], [4], [5]])
@@ -261,7 +262,7 @@ def test_mlu_examples_are_correct_and_encoded_character_by_character(mlu):
     keys = np.ravel_multi_index((85 + 1000, -523 + 1000, 0, 1, 2), mlu_data.MLU_SHAPE)
     assert [s[0] for s in mlu_data.mlu_strings(np.array([keys]))] == ["x=85,y=-523,x*y", "-44455"]   # paper's
     assert (len(mlu.in_vocab) - 1, len(mlu.out_vocab) - 3) == (17, 11)
-    assert mlu.in_vocab.index("<pad>") == mlu.out_vocab.index("<pad>") == train.MLUFamily.PAD
+    assert mlu.in_vocab.index("<pad>") == mlu.out_vocab.index("<pad>") == recipes.mlu.MLU.PAD
     for name, split in mlu.splits.items():
         for i in range(0, len(split), 97):
             value, target = _answer(split.lines[i])
@@ -318,7 +319,7 @@ def test_transformer_coda_is_the_transformer_run_with_coda_options(tmp_path, cap
         assert (cd.steps, cd.lr, cd.batch_size, cd.batching) == (base.steps, base.lr, base.batch_size, base.batching)
         assert cd.model_config.coda_beta == pytest.approx((base.model_config.n_head / base.model_config.d_model) ** .5)
     cfg = train.make_config("ctl", "transformer-coda", "cpu", coda_beta=0.25, coda_gate="centered")
-    fam = train.ClassificationFamily(cfg)
+    fam = recipes.ndr.Classification(cfg)
     fam.load_task()
     attn = fam.build_model().encoder.layer.attn
     assert isinstance(attn, CoDAttention) and (attn.beta, attn.gate) == (0.25, "centered")

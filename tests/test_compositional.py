@@ -13,6 +13,7 @@ import pytest
 import tasks
 from minattn.data import retrieval  # noqa: E402
 import train
+from minattn import recipes
 from minattn.attention.compositional import CompositionalAttention
 from minattn.attention.multihead import MultiHeadAttention
 from minattn.engine import Tensor, eval_mode, no_grad
@@ -360,4 +361,4 @@ def test_paper_preset_follows_the_paper():
     assert (c.searches, c.retrievals, c.d_model, c.n_objects, c.concat, c.separate, c.ood, c.eval_batches) == \
         (2, 4, 64, 10, True, False, False, 100)
     cpu = train.make_config("retrieval", "mha", "cpu", searches=4, retrievals=8, ood=True)
-    assert cpu.model_config == train.RetrievalConfig(searches=4, retrievals=8, ood=True) and cpu.lr == 1e-4
+    assert cpu.model_config == recipes.retrieval.RetrievalConfig(searches=4, retrievals=8, ood=True) and cpu.lr == 1e-4

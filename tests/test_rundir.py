@@ -13,6 +13,7 @@ import pytest
 import tasks
 import train
 from minattn import viz
+from minattn.recipes.base import example_name, sample_name
 
 from .test_train import ROOT, TINY, ctl_generated, run  # noqa: F401 (ctl_generated: an autouse fixture)
 
@@ -230,8 +231,8 @@ def test_text_heatmap_labels_are_whole_and_the_gate_scale_is_explained():
 
 def test_png_names_are_zero_padded_and_each_example_has_its_own():
     split = list(range(5000))
-    assert [train._sample_name("test", i, split) for i in (7, 4999)] == ["test0007", "test4999"]
-    names = {train._example_name(t) for t in ("x=1,y=2,x+y", "x=1,y=2,x*y", "101 d a b", "jump")}
+    assert [sample_name("test", i, split) for i in (7, 4999)] == ["test0007", "test4999"]
+    names = {example_name(t) for t in ("x=1,y=2,x+y", "x=1,y=2,x*y", "101 d a b", "jump")}
     assert len(names) == 4 and "example-jump" in names
     assert all(n == n.strip() and "/" not in n and " " not in n for n in names)
 

@@ -1,4 +1,4 @@
-"""The Abstractor's tasks (docs/abstractor.md §6) and their training families in train.py."""
+"""The Abstractor's tasks (docs/abstractor.md §6) and their training recipes (minattn/recipes/abstractor.py)."""
 import itertools
 import json
 
@@ -8,6 +8,7 @@ import pytest
 import tasks
 from minattn.data import objects  # noqa: E402
 import train
+from minattn import recipes
 
 
 @pytest.fixture(scope="module")
@@ -130,18 +131,18 @@ def test_get_task_and_cli(tmp_path, capsys):
     assert len(first[0].split()) == 2 and first[1] in ("0", "1")
 
 
-# --- the training families -----------------------------------------------------------------------------------
+# --- the training recipes ------------------------------------------------------------------------------------
 
 def test_steps_and_evaluations_count_epochs():
     cfg = train.make_config("sort", "abstractor", "cpu", train_size=2000)
-    family = train.family_of("sort")(cfg)
+    recipe = recipes.recipe_for("sort")(cfg)
     assert (cfg.steps, cfg.eval_every, cfg.batch_size, cfg.grad_clip, cfg.weight_decay) == (1600, 40, 512, 0.0, 0.0)
     cfg = train.make_config("sort", "abstractor", "paper", train_size=500, steps=7)
-    train.family_of("sort")(cfg)
+    recipes.recipe_for("sort")(cfg)
     assert (cfg.steps, cfg.eval_every) == (7, 1)
-    assert family.select_split == "valid_tf"
+    assert recipe.select_split == "valid_tf"
     cfg = train.make_config("set", "abstractor-simplified")
-    train.family_of("set")(cfg)
+    recipes.recipe_for("set")(cfg)
     assert (cfg.steps, cfg.model_config.activation, cfg.model_config.symmetric) == (200 * 32, "linear", True)
 
 
@@ -173,11 +174,11 @@ def test_pairwise_run_end_to_end(tmp_path, capsys):
 
 
 def test_sort_greedy_metrics_use_the_selected_parameters(tmp_path, monkeypatch):
-    """A tiny sort run (a small data set and model) through the real family, with the selection metric
+    """A tiny sort run (a small data set and model) through the real recipe, with the selection metric
     forced to peak at the first evaluation (step 2 of 6): the greedy metrics are computed once, at the end,
     with exactly the step-2 parameters, also when the run was interrupted and resumed after the peak."""
-    monkeypatch.setattr(train.SortFamily, "make_task", lambda self: tasks.SortTask(n_sequences=400))
-    evaluate, evaluate_selected = train.SortFamily.evaluate, train.SortFamily.evaluate_selected
+    monkeypatch.setattr(recipes.abstractor.Sort, "make_task", lambda self: tasks.SortTask(n_sequences=400))
+    evaluate, evaluate_selected = recipes.abstractor.Sort.evaluate, recipes.abstractor.Sort.evaluate_selected
     calls, used = [], {}
 
     def peaked(self, model):
@@ -188,8 +189,8 @@ def test_sort_greedy_metrics_use_the_selected_parameters(tmp_path, monkeypatch):
         used.clear()
         used.update(model.state_dict())
         return evaluate_selected(self, model)
-    monkeypatch.setattr(train.SortFamily, "evaluate", peaked)
-    monkeypatch.setattr(train.SortFamily, "evaluate_selected", spy)
+    monkeypatch.setattr(recipes.abstractor.Sort, "evaluate", peaked)
+    monkeypatch.setattr(recipes.abstractor.Sort, "evaluate_selected", spy)
 
     def run(out, steps, resume=False):
         cfg = train.make_config("sort", "abstractor", "cpu", train_size=64, batch_size=32, steps=steps, eval_every=2,

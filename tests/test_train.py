@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import train
+import tasks
 from minattn import backend
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -19,7 +20,7 @@ TINY = ["--task", "ctl", "--model", "ndr", "--batch-size", "16", "--eval-every",
 @pytest.fixture(autouse=True, scope="module")
 def ctl_generated():
     """CTL generated and cached before any test reads stderr, where a first generation announces itself."""
-    train.tasks.get_task("ctl")
+    tasks.get_task("ctl")
 
 
 def run(argv, capsys):
@@ -146,7 +147,7 @@ def test_evaluate_reruns_a_checkpoint_with_more_encoder_steps(tmp_path, capsys):
     again = json.loads(capsys.readouterr().out)
     assert again["step"] == 2 and again["metrics"] == {k: logged[k] for k in ("iid", "valid", "test")}
     fam, model, _ = train._load_run(out, "cpu", ["n_steps_eval=5"])  # TINY trains 2 steps
-    x, lengths, _ = fam._to_device(next(train.tasks.eval_batches(fam.task.splits["test"], 8)))
+    x, lengths, _ = fam.to_device(next(tasks.eval_batches(fam.task.splits["test"], 8)))
     logits = model(x, lengths).data
     np.testing.assert_array_equal(logits, model(x, lengths, n_steps=5).data)
     assert not np.allclose(logits, model(x, lengths, n_steps=2).data)

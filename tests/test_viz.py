@@ -15,6 +15,8 @@ from minattn.models.transformer import Classifier, CoDASeq2SeqTransformer, Encod
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tasks  # noqa: E402
 import train  # noqa: E402
+from minattn import recipes  # noqa: E402
+from minattn.recipes.base import example_name  # noqa: E402
 
 TOKENS = ["<sos>", "a", "b", "c", "<eos>"]
 OUT_VOCAB = ["<unk>", "<pad>", "<sos>", "<eos>", "A", "B", "C"]
@@ -328,7 +330,7 @@ def pairwise_run(tmp_path_factory):
 def test_plot_command_without_matplotlib_prints_the_maps(pairwise_run, no_matplotlib, capsys):
     assert train.main(["--plot", "--out", pairwise_run]) == 0
     out = capsys.readouterr().out
-    assert out.count("== pairwise / abstractor-simplified: ") == train.PLOT_EXAMPLES
+    assert out.count("== pairwise / abstractor-simplified: ") == recipes.PLOT_EXAMPLES
     assert "-- layer 1, relation 3 --" in out and "pip install" in out
     assert not os.path.exists(os.path.join(pairwise_run, "plots"))
 
@@ -336,7 +338,7 @@ def test_plot_command_without_matplotlib_prints_the_maps(pairwise_run, no_matplo
 def test_plot_command_writes_pngs(pairwise_run, capsys):
     pytest.importorskip("matplotlib")
     assert train.main(["--plot", "--resume", pairwise_run, "--task", "pairwise", "--example", "5 41"]) == 0
-    path = os.path.join(pairwise_run, "plots", train._example_name("5 41") + "-relations.png")
+    path = os.path.join(pairwise_run, "plots", example_name("5 41") + "-relations.png")
     assert f"wrote {path}" in capsys.readouterr().out and png_size(path)[0] > 0
 
 
@@ -362,8 +364,8 @@ def test_plot_command_checks_the_run(pairwise_run, tmp_path, capsys):
     assert "2 distinct object indices in 0..63" in capsys.readouterr().err
 
 
-# Every family's --plot glue on an untrained tiny model (task, model, settings, a good and a bad --example).
-FAMILIES = [
+# Every recipe's --plot glue on an untrained tiny model (task, model, settings, a good and a bad --example).
+RECIPE_CASES = [
     ("ctl", "ndr", dict(d_model=8, d_ff=8, n_steps=2), "101 d a b", "101 z"),
     ("retrieval", "compositional", dict(d_model=12), None, "anything"),
     ("lookup", "seq2attn", dict(d_embedding=8, d_hidden=8), "100 t3 t1 .", "100 t9"),
@@ -374,14 +376,14 @@ FAMILIES = [
 ]
 
 
-@pytest.mark.parametrize("task,model,settings,good,bad", FAMILIES, ids=[f[0] for f in FAMILIES])
-def test_every_family_draws_its_examples(task, model, settings, good, bad):
-    fam = train.family_of(task)(train.make_config(task, model, **settings))
+@pytest.mark.parametrize("task,model,settings,good,bad", RECIPE_CASES, ids=[f[0] for f in RECIPE_CASES])
+def test_every_recipe_draws_its_examples(task, model, settings, good, bad):
+    fam = recipes.recipe_for(task)(train.make_config(task, model, **settings))
     fam.load_task()
     net = fam.build_model()
     pictures = fam.plot_examples(net, [])
     assert pictures and all(p.title.startswith(f"{task} / {model}") for p in pictures)
     if good:
-        assert all(p.name.startswith(train._example_name(good) + "-") for p in fam.plot_examples(net, [good]))
+        assert all(p.name.startswith(example_name(good) + "-") for p in fam.plot_examples(net, [good]))
     with pytest.raises(train.UsageError, match="--example"):
         fam.plot_examples(net, [bad])

@@ -1,0 +1,156 @@
+"""seq2attn and its baseline (Hupkes et al. 2019) on lookup-table composition and SCAN. Section numbers (§)
+without "paper" are those of docs/seq2attn.md.
+"""
+import dataclasses
+import functools
+
+import numpy as np
+
+from .. import backend, viz
+from ..data import get_task, scan_split
+from ..engine import eval_mode, no_grad
+from ..models import seq2attn
+from .base import Recipe, RunConfig, UsageError, example_name, plot_sample, sample_name
+
+
+@dataclasses.dataclass
+class Seq2SeqConfig(seq2attn.Seq2AttnConfig):
+    """The seq2attn model's settings (Seq2AttnConfig: sizes, cell, the G/E/F/T switches, τ) plus the task's."""
+    split: str = ""                # scan: the split (data.SCAN_SPLITS); lookup has one structure (sample1)
+
+
+# The "paper" preset's sizes (paper Table 3; §2.5, §3.6). The dropout acts between RNN layers, a no-op
+# with one layer (§1.6).
+PAPER_SIZES = {
+    ("lookup", "seq2attn"): dict(d_embedding=256, d_hidden=256, n_layers=1, cell="gru", dropout=0.5),
+    ("lookup", "seq2seq"): dict(d_embedding=128, d_hidden=512, n_layers=1, cell="gru", dropout=0.5),
+    ("scan", "seq2attn"): dict(d_embedding=512, d_hidden=512, n_layers=1, cell="gru", dropout=0.5),
+    ("scan", "seq2seq"): dict(d_embedding=200, d_hidden=200, n_layers=2, cell="lstm", dropout=0.5),
+}
+# Training (§1.6): lookup 100 epochs at batch 1, an evaluation every 100 updates; SCAN 50 epochs at
+# batch 64 (the project's default: the paper's SCAN batch size is unknown), 10 evaluations.
+TRAINING = {"lookup": dict(epochs=100, batch_size=1), "scan": dict(epochs=50, batch_size=64)}
+# "cpu" keeps all of that but shrinks both models to E = H = 64 (lookup; the paper's ablation uses one
+# size for all) or 128 (SCAN, which also trains 30 epochs instead of 50).
+CPU_SIZE = {"lookup": 64, "scan": 128}
+CPU_EPOCHS = {"lookup": 100, "scan": 30}
+
+
+@functools.lru_cache
+def scan_train_size(split):
+    """Training pairs of a SCAN split: the steps count epochs of them. Cached, as every config() of the
+    split (one per --set key, too) needs it and generating the split takes a moment."""
+    return len(scan_split(split)["train"])
+
+
+def seq2seq_config(task, model, preset, split=""):
+    """Adam (AdamW without decay) lr 1e-3, gradient clipping at 5, teacher forcing 0.5 per sequence
+    (§1.6); SCAN batches are length-bucketed. Steps count whole epochs of the train split."""
+    if task == "lookup" and split:
+        raise UsageError("lookup has one split structure (sample1): drop --split")
+    try:  # without a split (only when --set types are looked up) load_task will ask for one
+        n_train = 232 if task == "lookup" else scan_train_size(split) if split else 0
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    sizes, epochs, batch = dict(PAPER_SIZES[task, model]), TRAINING[task]["epochs"], TRAINING[task]["batch_size"]
+    if preset == "cpu":
+        sizes.update(d_embedding=CPU_SIZE[task], d_hidden=CPU_SIZE[task])
+        epochs = CPU_EPOCHS[task]
+    steps = epochs * -(-n_train // batch)
+    mc = Seq2SeqConfig(**seq2attn.MODELS[model], **sizes, split=split)
+    return RunConfig(task=task, model=model, preset=preset, steps=steps, batch_size=batch, lr=1e-3, weight_decay=0.0,
+                     grad_clip=5.0, batching="shuffled" if task == "lookup" else "bucketed",
+                     eval_every=100 if task == "lookup" else max(1, steps // 10), model_config=mc)
+
+
+class Seq2Seq(Recipe):
+    """seq2attn and its baseline on lookup tables and SCAN. The metric is sequence accuracy under greedy
+    decoding with argmax attention: every target token, <eos> included, must be right (§1.6).
+    Lookup reports the evaluation with the lowest validation loss (§1.6), a loss computed, as the
+    reference's evaluator does, while the model feeds back its own predictions. SCAN has no validation
+    set and reports the end of training (§3.6); its train split (15–22k commands) is not evaluated.
+
+    Measured on the 2-core machine next to other jobs (ms per update): lookup at batch 1, paper sizes
+    seq2attn 33, baseline 91 (3.9M parameters: the AdamW update alone is a large share), so the paper
+    preset takes ~17 and ~40 min; cpu preset (64 units) seq2attn 10–14, baseline ~8: ~5–7 min per run.
+    SCAN at batch 64: paper seq2attn ~970 (3+ h for 50 epochs: a GPU job), baseline ~340; cpu preset
+    seq2attn ~90, baseline ~165: 10–22 min per run."""
+    tasks = ("lookup", "scan")
+    models = tuple(seq2attn.MODELS)
+    report_final = ()
+    metric_higher_is_better = False
+    has_split = True
+    config = staticmethod(seq2seq_config)
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.select_split = "validation_loss" if cfg.task == "lookup" else None
+
+    def load_task(self):
+        split = self.cfg.model_config.split
+        try:
+            self.task = get_task(self.cfg.task, **({"split": split} if self.cfg.task == "scan" else {}))
+        except ValueError as e:
+            raise UsageError(f"{e} (choose with --split)") from None
+        return self.task
+
+    def build_model(self):
+        try:
+            return seq2attn.Seq2Attn(self.cfg.model_config, len(self.task.in_vocab), len(self.task.out_vocab),
+                                     self.task.sos, seed=self.cfg.seed)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+
+    def batches(self, rng):
+        try:
+            return self.task.splits["train"].batches(self.cfg.batch_size, rng, self.cfg.batching)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+
+    def loss(self, model, batch):
+        src, src_lengths, tgt, tgt_lengths = self.to_device(batch)
+        return model.loss(src, src_lengths, tgt, tgt_lengths), {}, len(batch[1])
+
+    def evaluate(self, model):
+        result = {}
+        with no_grad(), eval_mode():
+            for name, split in self.task.splits.items():
+                if name == "train" and self.cfg.task == "scan":
+                    continue
+                correct, loss = 0, 0
+                for batch in split.eval_batches(self.cfg.eval_batch_size):
+                    src, src_lengths, tgt, tgt_lengths = self.to_device(batch)
+                    padding = backend.array_module(tgt).arange(tgt.shape[1]) >= tgt_lengths[:, None]
+                    pred = model.greedy(src, src_lengths, tgt.shape[1])
+                    correct = correct + ((pred == tgt) | padding).all(axis=1).sum()
+                    if name == "validation":
+                        loss = loss + model.loss(src, src_lengths, tgt, tgt_lengths).data * len(batch[1])
+                result[name] = round(float(backend.to_numpy(correct)) / len(split), 5)
+                if name == "validation":
+                    result["validation_loss"] = round(float(backend.to_numpy(loss)) / len(split), 5)
+        return result
+
+    def plot_examples(self, model, texts):
+        """The attention trace (one-hot for seq2attn at inference) and the temperature of every step, on
+        test examples (lookup: heldout_compositions) or --example inputs ("100 t3 t1 .", "jump twice")."""
+        task, index = self.task, {t: i for i, t in enumerate(self.task.in_vocab)}
+        split_name = "test" if "test" in task.splits else "heldout_compositions"
+        split, examples = task.splits[split_name], []
+        for text in texts:
+            unknown = [t for t in text.split() if t not in index]
+            if unknown or not text.split():
+                raise UsageError(f"--example {text!r}: {'unknown ' + ' '.join(unknown) if unknown else 'empty'}; "
+                                 f"input tokens: {' '.join(task.in_vocab[2:])}")
+            examples.append((example_name(text), np.array([index[t] for t in text.split()]), None))
+        examples = examples or [(sample_name(split_name, i, split), split.inputs[i], task.decode(split.targets[i]))
+                                for i in plot_sample(len(split))]
+        longest = max(int(s.targets.lengths.max()) for s in task.splits.values())
+        pictures = []
+        for name, src, target in examples:
+            tokens = [task.in_vocab[i] for i in src]
+            title = f"{self.cfg.task} / {self.cfg.model}: {' '.join(tokens)}"
+            title += f" (target {target})" if target else ""
+            src, lengths = self.to_device((src[None], np.array([len(src)])))
+            pictures += viz.seq2attn_pictures(model, src, lengths, longest + len(tokens), tokens, task.out_vocab,
+                                              title, name)
+        return pictures
