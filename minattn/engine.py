@@ -128,10 +128,13 @@ class Tensor:
 
         ``grad`` defaults to ones (the usual case: a scalar loss). Gradient buffers are shared
         freely: an op that passes its gradient through (add, reshape, broadcast...) hands one array
-        to several inputs, and ``grad`` itself belongs to the caller. So a tensor's incoming
-        gradients are summed in place only into a buffer the engine made for that same tensor (the
-        first sum makes it; later ones reuse it), and a leaf keeps a gradient as its ``.grad`` only
-        if the buffer is its own, else a copy. No array is ever the ``.grad`` of two leaves.
+        to several inputs, and ``grad`` itself belongs to the caller. So the engine never adds into
+        an incoming gradient: it collects a tensor's incoming gradients in a list and sums them when
+        it reaches the tensor (all have arrived by then), two with one add, more with one stack and
+        one sum — 2 array operations instead of one per use, which matters for a shared layer applied
+        14 times (on a GPU each operation is a kernel launch) and gives the same bits as adding them
+        one after another. A leaf keeps a gradient as its ``.grad`` only if the engine made that
+        array, else a copy: no array is ever the ``.grad`` of two leaves.
         """
         if not self.requires_grad:
             raise RuntimeError("backward() on a tensor that does not require grad "
@@ -156,19 +159,19 @@ class Tensor:
             i += 1
         nodes.sort(key=_by_seq, reverse=True)
 
-        # The tensors (alive in ``nodes`` until we return, so their ids stay theirs) whose ``_g`` is a
-        # buffer the engine allocated for them alone: only those are added into in place.
-        owns = set()
         self._g = grad
         try:
             for node in nodes:
                 g, node._g = node._g, None
                 if g is None:
                     continue
+                owned = type(g) is list  # several gradients: their sum is a new array, ours
+                if owned:
+                    g = g[0] + g[1] if len(g) == 2 else xp.stack(g).sum(axis=0)
                 fn = node.creator
                 if fn is None:  # a leaf: store or accumulate, never aliasing an array held elsewhere
                     if node.grad is None:
-                        node.grad = g if id(node) in owns else g.copy()
+                        node.grad = g if owned else g.copy()
                     else:
                         node.grad = node.grad + g
                     continue
@@ -190,14 +193,13 @@ class Tensor:
                     if gx.dtype != data.dtype:
                         raise TypeError(f"{type(fn).__name__}.backward returned {gx.dtype} "
                                         f"for a {data.dtype} input")
-                    prev = t._g
+                    prev = t._g      # arrays here may be shared with other inputs: never written into
                     if prev is None:
-                        t._g = gx    # maybe shared with other inputs of fn: never written into
-                    elif id(t) in owns:
-                        prev += gx   # in place: this buffer was made for t alone
+                        t._g = gx
+                    elif type(prev) is list:
+                        prev.append(gx)
                     else:
-                        t._g = prev + gx
-                        owns.add(id(t))
+                        t._g = [prev, gx]
                 fn.inputs = None
         except BaseException:
             for node in nodes:
