@@ -133,8 +133,8 @@ class Tensor:
         it reaches the tensor (all have arrived by then), two with one add, more with one stack and
         one sum — 2 array operations instead of one per use, which matters for a shared layer applied
         14 times (on a GPU each operation is a kernel launch) and gives the same bits as adding them
-        one after another. A leaf keeps a gradient as its ``.grad`` only if the engine made that
-        array, else a copy: no array is ever the ``.grad`` of two leaves.
+        one after another (``_sum_in_order``). A leaf keeps a gradient as its ``.grad`` only if the
+        engine made that array, else a copy: no array is ever the ``.grad`` of two leaves.
         """
         if not self.requires_grad:
             raise RuntimeError("backward() on a tensor that does not require grad "
@@ -167,7 +167,7 @@ class Tensor:
                     continue
                 owned = type(g) is list  # several gradients: their sum is a new array, ours
                 if owned:
-                    g = g[0] + g[1] if len(g) == 2 else xp.stack(g).sum(axis=0)
+                    g = g[0] + g[1] if len(g) == 2 else _sum_in_order(xp, g)
                 fn = node.creator
                 if fn is None:  # a leaf: store or accumulate, never aliasing an array held elsewhere
                     if node.grad is None:
@@ -307,6 +307,14 @@ class Tensor:
 
     def relu(self):
         return _ops.relu(self)
+
+
+def _sum_in_order(xp, arrays):
+    """g0 + g1 + g2 + ... left to right (the bits of adding them one by one) in two array operations.
+    NumPy sums a stack along axis 0 in that order, except for one-element arrays, where the axis is
+    contiguous and it sums pairwise: there a cumulative sum keeps the order."""
+    stacked = xp.stack(arrays)
+    return stacked.sum(axis=0) if arrays[0].size > 1 else xp.cumsum(stacked, axis=0)[-1]
 
 
 def _by_seq(t):
