@@ -141,8 +141,8 @@ class MaskedFill(Function):
         self.mask, self.value = mask, value
 
     def forward(self, x):
-        xp = array_module(x)
-        return xp.where(self.mask, xp.asarray(self.value, dtype=x.dtype), x)
+        # A NumPy scalar of x's dtype, not xp.asarray(value): on a GPU that would be a host-to-device copy.
+        return array_module(x).where(self.mask, x.dtype.type(self.value), x)
 
     def backward(self, gy):
         return array_module(gy).where(self.mask, gy.dtype.type(0), gy)
