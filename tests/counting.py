@@ -306,8 +306,11 @@ def count_step(model, loss_fn, opt, clip=None, rng=None, steps=2):
     return dict(COUNTER.launches), dict(COUNTER.syncs)
 
 
+DEVICE = "counting"   # where families() builds its models (a benchmark may build them on "cpu")
+
+
 def _up(a):
-    return backend.to_device(np.asarray(a), "counting")
+    return backend.to_device(np.asarray(a), DEVICE)
 
 
 def ndr_ctl_step(model_name="ndr"):
@@ -319,13 +322,13 @@ def ndr_ctl_step(model_name="ndr"):
     cfg = train.make_config("ctl", model_name, "cpu")
     fam = train.ClassificationFamily(cfg)
     fam.load_task()
-    model = fam.build_model().to("counting")
+    model = fam.build_model().to(DEVICE)
     B, T = cfg.batch_size, 7
     r = np.random.default_rng(0)
     x, lengths, y = _up(r.integers(0, 19, (B, T))), _up(np.full(B, T)), _up(r.integers(0, 8, B))
     opt = fam.optimizer(model.parameters())
     from minattn import functional as F
-    return model, lambda: F.cross_entropy(model(x, lengths), y), opt, cfg.grad_clip, backend.RNG(0, "counting")
+    return model, lambda: F.cross_entropy(model(x, lengths), y), opt, cfg.grad_clip, backend.RNG(0, DEVICE)
 
 
 def families():
@@ -337,16 +340,16 @@ def families():
         from minattn.models.crt import CRTConfig, CRTModel
         r = np.random.default_rng(0)
         x, y = _up(r.standard_normal((256, 10, 14)).astype(np.float32)), _up(r.standard_normal((256, 10)).astype(np.float32))
-        model = CRTModel(name, 14, CRTConfig(searches=2, retrievals=4)).to("counting")
+        model = CRTModel(name, 14, CRTConfig(searches=2, retrievals=4)).to(DEVICE)
         return model, lambda: F.abs(model(x) - y).mean(), optim.AdamW(model.parameters(), 1e-4, weight_decay=0.0), None, None
 
     def seq2attn():
         from minattn.models.seq2attn import Seq2Attn, model_config
         r = np.random.default_rng(0)
-        model = Seq2Attn(model_config("seq2attn"), 19, 12, sos_id=2).to("counting")
+        model = Seq2Attn(model_config("seq2attn"), 19, 12, sos_id=2).to(DEVICE)
         src, tgt, lengths = _up(r.integers(2, 19, (64, 4))), _up(r.integers(4, 12, (64, 4))), _up(np.full(64, 4))
         return (model, lambda: model.loss(src, lengths, tgt, lengths), optim.AdamW(model.parameters(), 1e-3, weight_decay=0.0),
-                5.0, backend.RNG(0, "counting"))
+                5.0, backend.RNG(0, DEVICE))
 
     def abstractor(name):
         from minattn.models.abstractor import AbstractorConfig, build_seq2seq
@@ -356,10 +359,10 @@ def families():
         x = _up(r.standard_normal((B, T, 12)).astype(np.float32))
         tgt_in = _up(np.concatenate([np.full((B, 1), 10), y[:, :-1]], axis=1))
         layers = {} if name == "abstractor" else dict(n_encoder_layers=4, n_decoder_layers=4)
-        model = build_seq2seq(name, 11, 10, AbstractorConfig(**layers), d_src=12).to("counting")
+        model = build_seq2seq(name, 11, 10, AbstractorConfig(**layers), d_src=12).to(DEVICE)
         yd = _up(y)
         return (model, lambda: F.cross_entropy(model(x, tgt_in), yd), optim.AdamW(model.parameters(), 1e-3, weight_decay=0.0),
-                None, backend.RNG(0, "counting"))
+                None, backend.RNG(0, DEVICE))
 
     return [("ndr (CTL, cpu preset)", lambda: ndr_ctl_step("ndr")),
             ("transformer (CTL, cpu preset)", lambda: ndr_ctl_step("transformer")),
