@@ -3,7 +3,7 @@
 #   make test-slow                              the slow training checks
 #   make train TASK=ctl MODEL=ndr DEVICE=cpu ARGS="--steps 1000"
 #   make plot RUN=runs/ctl-ndr-cpu-s0 [TASK=ctl MODEL=ndr]  pictures of a checkpoint into RUN/plots
-#   make bench                                  engine/model speed (not a test)
+#   make bench                                  launches per step (tests/counting.py), engine/model speed (not a test)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -47,6 +47,7 @@ plot: venv
 		$(if $(filter command line,$(origin MODEL)),--model $(MODEL)) $(ARGS)
 
 bench: venv
+	$(PY) -m tests.counting
 	$(PY) -m minattn.bench --device $(DEVICE) $(ARGS)
 
 clean:
