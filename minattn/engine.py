@@ -165,9 +165,9 @@ class Tensor:
                 g, node._g = node._g, None
                 if g is None:
                     continue
-                owned = type(g) is list  # several gradients: their sum is a new array, ours
+                owned = type(g) is list or isinstance(g, Deferred)  # a sum: a new array, ours
                 if owned:
-                    g = g[0] + g[1] if len(g) == 2 else _sum_in_order(xp, g)
+                    g = _total(xp, g if type(g) is list else [g])
                 fn = node.creator
                 if fn is None:  # a leaf: store or accumulate, never aliasing an array held elsewhere
                     if node.grad is None:
@@ -186,7 +186,8 @@ class Tensor:
                         continue
                     data = t.data
                     if gx.shape != data.shape:
-                        gx = sum_to(gx, data.shape)
+                        # a leaf (a parameter, maybe of a shared layer) sums all its broadcast gradients at once
+                        gx = SumTo(gx, data.shape) if t.creator is None else sum_to(gx, data.shape)
                         if gx.shape != data.shape:
                             raise ValueError(f"{type(fn).__name__}.backward returned shape {gx.shape} "
                                              f"for an input of shape {data.shape}")
@@ -307,6 +308,49 @@ class Tensor:
 
     def relu(self):
         return _ops.relu(self)
+
+
+class Deferred:
+    """A gradient a backward may hand to a leaf unevaluated, so that the engine can evaluate all of the
+    leaf's gradients of one kind together: a parameter of a layer applied n times per step gets n of
+    them, and n matrix products (or reductions) cost n array operations where one on concatenated
+    inputs costs two or three. ``total(items)`` evaluates a list of them; the sum is then taken in
+    another order than one by one (the last bits may differ). A single one gives the same bits."""
+    __slots__ = ("shape", "dtype")
+
+
+class SumTo(Deferred):
+    """``sum_to(g, shape)``: a broadcast gradient reduced to a leaf's shape (a bias, a scalar)."""
+    __slots__ = ("g",)
+
+    def __init__(self, g, shape):
+        lead = g.ndim - len(shape)
+        fits = lead >= 0 and all(n in (1, m) for n, m in zip(shape, g.shape[lead:]))
+        self.g, self.shape, self.dtype = g, tuple(shape) if fits else g.shape, g.dtype
+
+    @staticmethod
+    def total(items):
+        shape, gs = items[0].shape, [i.g for i in items]
+        if len(gs) > 1 and all(g.shape == gs[0].shape for g in gs):
+            return sum_to(backend.array_module(gs[0]).stack(gs), shape)   # one reduction over all of them
+        return _sum_arrays([sum_to(g, shape) for g in gs])
+
+
+def _total(xp, items):
+    """The sum of a tensor's gradients: arrays and Deferred ones, each kind evaluated together."""
+    arrays, kinds = [], {}
+    for item in items:
+        if isinstance(item, Deferred):
+            kinds.setdefault(type(item), []).append(item)
+        else:
+            arrays.append(item)
+    return _sum_arrays(arrays + [kind.total(group) for kind, group in kinds.items()])
+
+
+def _sum_arrays(arrays):
+    if len(arrays) == 1:
+        return arrays[0]
+    return arrays[0] + arrays[1] if len(arrays) == 2 else _sum_in_order(backend.array_module(arrays[0]), arrays)
 
 
 def _sum_in_order(xp, arrays):

@@ -13,7 +13,7 @@ speed; ``tests/test_ops.py`` checks them against their composite definitions.
 import numpy as np
 
 from .backend import array_module
-from .engine import Function, Tensor
+from .engine import Deferred, Function, Tensor
 
 
 def _is_scalar(x):
@@ -471,8 +471,27 @@ class MatMul(Function):
         return _mm(a, b)
 
     def backward(self, gy):
-        return (_mm(gy, self.b.swapaxes(-1, -2)) if _needs_grad(self, 0) else None,
-                _mm(self.a.swapaxes(-1, -2), gy) if _needs_grad(self, 1) else None)
+        gb = None
+        if _needs_grad(self, 1):  # a weight (a 2-D leaf times 2-D rows): leave aᵀ gy to the engine
+            leaf = self.inputs[1].creator is None and self.a.ndim == 2
+            gb = Outer(self.a, gy) if leaf else _mm(self.a.swapaxes(-1, -2), gy)
+        return (_mm(gy, self.b.swapaxes(-1, -2)) if _needs_grad(self, 0) else None), gb
+
+
+class Outer(Deferred):
+    """aᵀ g for a (N, m), g (N, n): a weight's gradient, evaluated by the engine. The n products of a
+    shared layer's weight are one product of their concatenated rows (3 array operations, not n + 2)."""
+    __slots__ = ("a", "g")
+
+    def __init__(self, a, g):
+        self.a, self.g, self.shape, self.dtype = a, g, (a.shape[1], g.shape[1]), g.dtype
+
+    @staticmethod
+    def total(items):
+        if len(items) == 1:
+            return _mm(items[0].a.swapaxes(-1, -2), items[0].g)
+        xp = array_module(items[0].g)
+        return _mm(xp.concatenate([i.a for i in items]).swapaxes(-1, -2), xp.concatenate([i.g for i in items]))
 
 
 def _mm(a, b):
