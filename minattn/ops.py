@@ -729,9 +729,9 @@ class LayerNorm(Function):
 
     def backward(self, gy):
         xhat = self.xhat
-        lead = tuple(range(gy.ndim - 1))
-        gw = (gy * xhat).sum(axis=lead)
-        gb = gy.sum(axis=lead)
+        # weight and bias get gy ⊙ x̂ and gy unreduced: the engine sums them over the leading axes, all
+        # applications of a shared layer's norm in one reduction (engine.SumTo)
+        gw, gb = gy * xhat, gy
         gh = gy * self.weight
         gx = self.rstd * (gh - gh.mean(axis=-1, keepdims=True) - xhat * (gh * xhat).mean(axis=-1, keepdims=True))
         return gx, gw, gb

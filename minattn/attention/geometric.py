@@ -121,8 +121,8 @@ class DirectionalLogits(Function):
 
     def backward(self, gz):
         gbs = (gz[..., None, :] * self.sides).sum(axis=-1)              # (B, H, T, 2): Σ_j over each side
-        return (gz * self.alpha, gbs * self.beta, (gz * self.qk).sum().reshape(1),
-                (gbs * self.s).sum().reshape(1), gbs.sum().reshape(1))
+        # α, β, γ get their gradients unreduced: the engine sums those of all applications at once
+        return gz * self.alpha, gbs * self.beta, gz * self.qk, gbs * self.s, gbs
 
 
 class GeometricAttention(Module):
