@@ -129,12 +129,12 @@ class Tensor:
         ``grad`` defaults to ones (the usual case: a scalar loss). Gradient buffers are shared
         freely: an op that passes its gradient through (add, reshape, broadcast...) hands one array
         to several inputs, and ``grad`` itself belongs to the caller. So the engine never adds into
-        an incoming gradient: it collects a tensor's incoming gradients in a list and sums them when
-        it reaches the tensor (all have arrived by then), two with one add, more with one stack and
-        one sum — 2 array operations instead of one per use, which matters for a shared layer applied
-        14 times (on a GPU each operation is a kernel launch) and gives the same bits as adding them
-        one after another (``_sum_in_order``). A leaf keeps a gradient as its ``.grad`` only if the
-        engine made that array, else a copy: no array is ever the ``.grad`` of two leaves.
+        an incoming gradient. On NumPy it adds a tensor's gradients as they arrive, in place only into
+        a buffer it made for that tensor; on other devices (CuPy) it collects them and sums them when
+        it reaches the tensor, two with one add, more with one stack and one sum: 2 array operations
+        instead of one per use, which matters for a shared layer applied 14 times (on a GPU each is a
+        kernel launch), with the same bits (``_sum_in_order``). A leaf keeps a gradient as its
+        ``.grad`` only if the engine made that array, else a copy: no array is the ``.grad`` of two leaves.
         """
         if not self.requires_grad:
             raise RuntimeError("backward() on a tensor that does not require grad "
@@ -159,14 +159,18 @@ class Tensor:
             i += 1
         nodes.sort(key=_by_seq, reverse=True)
 
+        # On NumPy each gradient is added as it arrives (cache-hot, little memory held); elsewhere
+        # they are collected and summed once (fewer kernel launches). ``owns``: the tensors (alive in
+        # ``nodes`` until we return, so their ids stay theirs) whose ``_g`` the engine made for them.
         self._g = grad
+        cpu, owns = xp is np, set()
         try:
             for node in nodes:
                 g, node._g = node._g, None
                 if g is None:
                     continue
-                owned = type(g) is list or isinstance(g, Deferred)  # a sum: a new array, ours
-                if owned:
+                owned = type(g) is list or isinstance(g, Deferred) or id(node) in owns  # ours alone
+                if type(g) is list or isinstance(g, Deferred):
                     g = _total(xp, g if type(g) is list else [g])
                 fn = node.creator
                 if fn is None:  # a leaf: store or accumulate, never aliasing an array held elsewhere
@@ -194,9 +198,17 @@ class Tensor:
                     if gx.dtype != data.dtype:
                         raise TypeError(f"{type(fn).__name__}.backward returned {gx.dtype} "
                                         f"for a {data.dtype} input")
+                    if cpu and isinstance(gx, Deferred):
+                        gx = type(gx).total([gx])  # see Deferred
                     prev = t._g      # arrays here may be shared with other inputs: never written into
                     if prev is None:
                         t._g = gx
+                    elif cpu:        # a buffer of t's own, made by the first sum, takes the rest in place
+                        if id(t) in owns:
+                            prev += gx
+                        else:
+                            t._g = prev + gx
+                            owns.add(id(t))
                     elif type(prev) is list:
                         prev.append(gx)
                     else:
@@ -315,7 +327,9 @@ class Deferred:
     leaf's gradients of one kind together: a parameter of a layer applied n times per step gets n of
     them, and n matrix products (or reductions) cost n array operations where one on concatenated
     inputs costs two or three. ``total(items)`` evaluates a list of them; the sum is then taken in
-    another order than one by one (the last bits may differ). A single one gives the same bits."""
+    another order than one by one (the last bits may differ). NumPy launches no kernels, and there
+    concatenating the inputs costs more than it saves: on NumPy each is evaluated as it arrives, with
+    the bits and the memory use of an engine without Deferred."""
     __slots__ = ("shape", "dtype")
 
 

@@ -3,9 +3,9 @@
 All updates happen in place on ``p.data`` on the parameter's device; nothing is copied to the host
 inside a step (``clip_grad_norm`` returns the norm as a device scalar).
 
-At its first step an optimizer moves its parameters into one flat buffer (``FlatParameters``: each
-``p.data`` becomes a view into it), so the update of all parameters is a dozen array operations, not a
-dozen per parameter: on a GPU each is a kernel launch (~10 µs of host time), and AdamW over 23 tensors
+On a GPU, at its first step an optimizer moves its parameters into one flat buffer (``FlatParameters``:
+each ``p.data`` becomes a view into it), so the update of all parameters is a dozen array operations,
+not a dozen per parameter: each is a kernel launch (~10 µs of host time), and AdamW over NDR's 23 tensors
 was 345 of them. The arithmetic per element is unchanged, so results are the same bits.
 """
 import math
@@ -50,8 +50,14 @@ class FlatParameters:
 
     @staticmethod
     def possible(params):
-        """All parameters on one device in one float dtype (and at least one)."""
-        return bool(params) and len({(type(p.data), p.dtype) for p in params}) == 1 and params[0].dtype.kind == "f"
+        """All parameters on one device (not NumPy's, see below) in one float dtype.
+
+        On NumPy an operation is a function call, not a kernel launch, and a dozen operations over a
+        large model's whole flat state stream it through memory a dozen times, where one parameter at
+        a time stays in cache (seq2attn's 1.5M parameters: AdamW 3.8 → 5.0 ms): there the optimizer
+        updates one parameter at a time, as before."""
+        return (bool(params) and len({(type(p.data), p.dtype) for p in params}) == 1 and params[0].dtype.kind == "f"
+                and type(params[0].data) is not np.ndarray)
 
     def intact(self):
         return all(p.data is v for p, v in zip(self.params, self.views))

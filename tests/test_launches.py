@@ -41,9 +41,18 @@ def test_ndr_ctl_step_stays_within_its_launch_budget_without_host_syncs():
     assert launches["optimizer"] <= 20 and launches["clipping"] <= 10, launches
 
 
+# The flat buffer is used off NumPy (optim.FlatParameters.possible): these tests run on the strict device.
+def _dev(a):
+    return backend.to_device(np.asarray(a, np.float32), "strict")
+
+
+def _host(a):
+    return backend.to_numpy(a)
+
+
 def _params(seed, shapes=((3, 2), (4,), (1,))):
     rng = np.random.default_rng(seed)
-    return [nn.Parameter(rng.standard_normal(s).astype(np.float32)) for s in shapes]
+    return [nn.Parameter(_dev(rng.standard_normal(s))) for s in shapes]
 
 
 @pytest.mark.parametrize("cls,kw", [(optim.AdamW, dict(lr=0.01, weight_decay=0.1)), (optim.Adam, dict(lr=0.01)),
@@ -56,63 +65,72 @@ def test_flat_update_gives_the_bits_of_one_parameter_at_a_time(cls, kw):
     rng = np.random.default_rng(1)
     for _ in range(3):
         for p, q in zip(flat, single):
-            g = rng.standard_normal(p.shape).astype(np.float32)
-            p.grad, q.grad = g.copy(), g.copy()
+            g = rng.standard_normal(p.shape)
+            p.grad, q.grad = _dev(g), _dev(g)
         opt_flat.step()
         for o in opt_single:
             o.step()
     assert opt_flat.flat is not None and opt_flat.flat.intact()
     for p, q in zip(flat, single):
-        np.testing.assert_array_equal(p.data, q.data)
+        np.testing.assert_array_equal(_host(p.data), _host(q.data))
+    host = [nn.Parameter(_host(p.data)) for p in flat]         # NumPy: one parameter at a time
+    cls(host, **kw).step()
+    assert all(p.grad is None for p in host)
 
 
 def test_parameters_are_views_of_the_flat_buffer_and_state_dicts_keep_their_form():
     params = _params(0)
     opt = optim.AdamW(params, lr=0.01)
     for p in params:
-        p.grad = np.ones(p.shape, np.float32)
+        p.grad = _dev(np.ones(p.shape))
     opt.step()
     opt.flat.data[:] = 7
-    assert all((p.data == 7).all() for p in params)          # views: one update moves them all
+    assert all((_host(p.data) == 7).all() for p in params)   # views: one update moves them all
     sd = opt.state_dict()
     assert [sorted(s) for s in sd["state"]] == [["m", "v"]] * 3
     assert [s["m"].shape for s in sd["state"]] == [p.shape for p in params]
+    assert all(type(s["m"]) is np.ndarray for s in sd["state"])
     # Replacing p.data (load_state_dict, Module.to) breaks the view: the next step builds a new buffer.
-    params[1].data = np.full(4, 2.0, np.float32)
+    params[1].data = _dev(np.full(4, 2.0))
     opt.load_state_dict(sd)
     for p in params:
-        p.grad = np.zeros(p.shape, np.float32)
+        p.grad = _dev(np.zeros(p.shape))
     opt.step()
-    assert opt.flat.intact() and (params[1].data < 2).all()
+    assert opt.flat.intact() and (_host(params[1].data) < 2).all()
 
 
 def test_clip_grad_norm_over_the_flat_buffer_matches_one_by_one():
     params = _params(0)
     opt = optim.SGD(params, lr=0.0)
     for p in params:
-        p.grad = np.ones(p.shape, np.float32)
+        p.grad = _dev(np.ones(p.shape))
     opt.step()                                                # builds the flat buffer
     rng = np.random.default_rng(2)
     grads = [rng.standard_normal(p.shape).astype(np.float32) * 3 for p in params]
     for p, g in zip(params, grads):
-        p.grad = g.copy()
+        p.grad = _dev(g)
     norm = optim.clip_grad_norm(params, 1.0)
-    assert params[0].grad.base is not None                     # now a view of the flat gradient
+    assert all(p.grad is g for p, g in zip(params, opt.flat.grad_views))   # views of the flat gradient
     expected = np.sqrt(sum((g.astype(np.float64) ** 2).sum() for g in grads))
-    assert float(norm) == pytest.approx(expected, rel=1e-6)
+    assert float(_host(norm)) == pytest.approx(expected, rel=1e-6)
     for p, g in zip(params, grads):
-        np.testing.assert_allclose(p.grad, g / expected, rtol=1e-5)
-    flat_grads = [p.grad.copy() for p in params]
+        np.testing.assert_allclose(_host(p.grad), g / expected, rtol=1e-5)
+    flat_grads = [_host(p.grad) for p in params]
     opt.step()                                                 # uses the clipped flat gradient as it is
-    assert all(np.array_equal(p.grad, g) for p, g in zip(params, flat_grads))
+    assert all(np.array_equal(_host(p.grad), g) for p, g in zip(params, flat_grads))
 
 
-def test_tensor_grad_of_a_leaf_is_never_shared_after_summing():
-    """Several gradients of one tensor are summed once, into an array of its own."""
-    a = Tensor(np.ones(3, np.float32), requires_grad=True)
-    b = Tensor(np.ones(3, np.float32), requires_grad=True)
-    y = (a + b) + (a + b) + a + b
-    y.backward(np.ones(3, np.float32))
+@pytest.mark.parametrize("device", ["cpu", "strict"])
+def test_gradients_of_a_tensor_sum_to_an_array_of_its_own(device):
+    """Several gradients of one tensor are summed (on the strict device, as on a GPU, once when the
+    tensor is reached; one-element ones in order), into an array of the tensor's own."""
+    put = (lambda a: backend.to_device(a, device))
+    a = Tensor(put(np.ones(3, np.float32)), requires_grad=True)
+    b = Tensor(put(np.ones(3, np.float32)), requires_grad=True)
+    c = Tensor(put(np.float32([0.1])), requires_grad=True)
+    y = (a + b) + (a + b) + a + b + c + c + c + c
+    y.backward(put(np.ones(3, np.float32)))
     assert a.grad is not b.grad
-    np.testing.assert_array_equal(a.grad, [3, 3, 3])
-    np.testing.assert_array_equal(b.grad, [3, 3, 3])
+    np.testing.assert_array_equal(backend.to_numpy(a.grad), [3, 3, 3])
+    np.testing.assert_array_equal(backend.to_numpy(b.grad), [3, 3, 3])
+    np.testing.assert_array_equal(backend.to_numpy(c.grad), [12])
