@@ -560,12 +560,32 @@ class GetItem(Function):
         return x[self.index]
 
     def backward(self, gy):
+        if not _is_advanced(self.index):
+            return Slices(self.index, gy, self.shape)
         xp = array_module(gy)
         gx = xp.zeros(self.shape, dtype=self.dtype)
         if _is_advanced(self.index):
             xp.add.at(gx, self.index, gy)  # repeated indices must accumulate
         else:
             gx[self.index] = gy
+        return gx
+
+
+class Slices(Deferred):
+    """A slice's gradient: gy at a basic index of zeros, evaluated by the engine. The slices of one
+    tensor (q, k and v of a fused projection) fill one array of zeros: 1 + n operations, not 2n + 2."""
+    __slots__ = ("index", "g")
+
+    def __init__(self, index, g, shape):
+        self.index, self.g, self.shape, self.dtype = index, g, shape, g.dtype
+
+    @staticmethod
+    def total(items):
+        gx = array_module(items[0].g).zeros(items[0].shape, dtype=items[0].dtype)
+        gx[items[0].index] = items[0].g
+        for item in items[1:]:
+            view = gx[item.index]
+            view += item.g        # not gx[index] += g: that also writes the view back, a second copy
         return gx
 
 
