@@ -133,8 +133,8 @@ class Tensor:
         a buffer it made for that tensor; on other devices (CuPy) it collects them and sums them when
         it reaches the tensor, two with one add, more with one stack and one sum: 2 array operations
         instead of one per use, which matters for a shared layer applied 14 times (on a GPU each is a
-        kernel launch), with the same bits (``_sum_in_order``). A leaf keeps a gradient as its
-        ``.grad`` only if the engine made that array, else a copy: no array is the ``.grad`` of two leaves.
+        kernel launch; see ``_sum_in_order`` for the bits). A leaf keeps a gradient as its ``.grad``
+        only if the engine made that array, else a copy: no array is the ``.grad`` of two leaves.
         """
         if not self.requires_grad:
             raise RuntimeError("backward() on a tensor that does not require grad "
@@ -169,9 +169,10 @@ class Tensor:
                 g, node._g = node._g, None
                 if g is None:
                     continue
-                owned = type(g) is list or isinstance(g, Deferred) or id(node) in owns  # ours alone
                 if type(g) is list or isinstance(g, Deferred):
-                    g = _total(xp, g if type(g) is list else [g])
+                    g, owned = _total(xp, g if type(g) is list else [g]), True
+                else:
+                    owned = id(node) in owns  # a buffer the engine made for this tensor alone
                 fn = node.creator
                 if fn is None:  # a leaf: store or accumulate, never aliasing an array held elsewhere
                     if node.grad is None:
@@ -190,16 +191,14 @@ class Tensor:
                         continue
                     data = t.data
                     if gx.shape != data.shape:
-                        # a leaf (a parameter, maybe of a shared layer) sums all its broadcast gradients at once
-                        gx = SumTo(gx, data.shape) if t.creator is None else sum_to(gx, data.shape)
+                        # off NumPy a leaf (a parameter, maybe of a shared layer) reduces all at once
+                        gx = sum_to(gx, data.shape) if cpu or t.creator is not None else SumTo(gx, data.shape)
                         if gx.shape != data.shape:
                             raise ValueError(f"{type(fn).__name__}.backward returned shape {gx.shape} "
                                              f"for an input of shape {data.shape}")
                     if gx.dtype != data.dtype:
                         raise TypeError(f"{type(fn).__name__}.backward returned {gx.dtype} "
                                         f"for a {data.dtype} input")
-                    if cpu and isinstance(gx, Deferred):
-                        gx = type(gx).total([gx])  # see Deferred
                     prev = t._g      # arrays here may be shared with other inputs: never written into
                     if prev is None:
                         t._g = gx
@@ -323,13 +322,13 @@ class Tensor:
 
 
 class Deferred:
-    """A gradient a backward may hand to a leaf unevaluated, so that the engine can evaluate all of the
-    leaf's gradients of one kind together: a parameter of a layer applied n times per step gets n of
-    them, and n matrix products (or reductions) cost n array operations where one on concatenated
-    inputs costs two or three. ``total(items)`` evaluates a list of them; the sum is then taken in
-    another order than one by one (the last bits may differ). NumPy launches no kernels, and there
-    concatenating the inputs costs more than it saves: on NumPy each is evaluated as it arrives, with
-    the bits and the memory use of an engine without Deferred."""
+    """A gradient a backward hands to the engine unevaluated, so that it can evaluate all gradients of
+    one kind of a tensor together: a parameter of a layer applied n times per step gets n of them, and
+    n matrix products (or reductions) cost n array operations where one on concatenated inputs costs
+    two or three (ops.Outer, ops.Slices, SumTo). ``total(items)`` evaluates a list of them; the sum is
+    then taken in another order than one by one (the last bits may differ). NumPy launches no kernels,
+    and there concatenating the inputs costs more than it saves: ops make them only off NumPy, where
+    the gradient is not an ``np.ndarray``, so on NumPy the engine computes as it did without them."""
     __slots__ = ("shape", "dtype")
 
 
@@ -368,9 +367,10 @@ def _sum_arrays(arrays):
 
 
 def _sum_in_order(xp, arrays):
-    """g0 + g1 + g2 + ... left to right (the bits of adding them one by one) in two array operations.
-    NumPy sums a stack along axis 0 in that order, except for one-element arrays, where the axis is
-    contiguous and it sums pairwise: there a cumulative sum keeps the order."""
+    """g0 + g1 + g2 + ... in two array operations. NumPy (under the strict and counting test devices)
+    sums a stack along axis 0 left to right, the bits of adding one by one, except for one-element
+    arrays, where the axis is contiguous and it sums pairwise: there a cumulative sum keeps the order.
+    A GPU reduction may add in another order."""
     stacked = xp.stack(arrays)
     return stacked.sum(axis=0) if arrays[0].size > 1 else xp.cumsum(stacked, axis=0)[-1]
 

@@ -472,9 +472,9 @@ class MatMul(Function):
 
     def backward(self, gy):
         gb = None
-        if _needs_grad(self, 1):  # a weight (a 2-D leaf times 2-D rows): leave aᵀ gy to the engine
-            leaf = self.inputs[1].creator is None and self.a.ndim == 2
-            gb = Outer(self.a, gy) if leaf else _mm(self.a.swapaxes(-1, -2), gy)
+        if _needs_grad(self, 1):  # off NumPy, a weight (a 2-D leaf times 2-D rows): aᵀ gy to the engine
+            defer = type(gy) is not np.ndarray and self.inputs[1].creator is None and self.a.ndim == 2
+            gb = Outer(self.a, gy) if defer else _mm(self.a.swapaxes(-1, -2), gy)
         return (_mm(gy, self.b.swapaxes(-1, -2)) if _needs_grad(self, 0) else None), gb
 
 
@@ -502,6 +502,27 @@ def _mm(a, b):
 
 def matmul(a, b):
     return MatMul()(a, b)
+
+
+class Linear(MatMul):
+    """x @ W + b for x (N, d_in), W (d_in, d_out), b (d_out,) or absent: the matmul and the bias add as
+    one node, the bias added in place into the product (one temporary array less). Backward: MatMul's,
+    and the bias gets gy unreduced (the engine sums it over the rows; see engine.Deferred)."""
+
+    def forward(self, x, W, *b):
+        if x.ndim != 2:
+            raise ValueError(f"linear needs rows x (N, d_in), got shape {x.shape}")
+        y = super().forward(x, W)
+        if b:
+            y += b[0]
+        return y
+
+    def backward(self, gy):
+        return super().backward(gy) + ((gy,) if len(self.inputs) == 3 else ())
+
+
+def linear(x, W, b=None):
+    return Linear()(x, W) if b is None else Linear()(x, W, b)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -560,7 +581,7 @@ class GetItem(Function):
         return x[self.index]
 
     def backward(self, gy):
-        if not _is_advanced(self.index):
+        if type(gy) is not np.ndarray and not _is_advanced(self.index):   # see engine.Deferred
             return Slices(self.index, gy, self.shape)
         xp = array_module(gy)
         gx = xp.zeros(self.shape, dtype=self.dtype)

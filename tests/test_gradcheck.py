@@ -109,6 +109,8 @@ OPS = [
     ("cumsum_reverse", lambda a: F.cumsum(a, axis=-1, reverse=True), inputs(N(2, 5))),
     ("matmul", lambda a, b: a @ b, inputs(N(2, 3, 4), N(4, 5))),
     ("matmul_batch_broadcast", lambda a, b: a @ b, inputs(N(2, 1, 3, 4), N(3, 4, 2))),
+    ("linear", F.linear, inputs(N(5, 4), N(4, 3), N(3))),
+    ("linear_no_bias", F.linear, inputs(N(5, 4), N(4, 3))),
     ("reshape", lambda a: a.reshape(4, 6) * a.reshape(4, 6), inputs(N(2, 3, 4))),
     ("transpose", lambda a: a.transpose(2, 0, 1), inputs(N(2, 3, 4))),
     ("transpose_T", lambda a: a.T, inputs(N(3, 4))),
