@@ -108,10 +108,12 @@ class Optimizer:
     def step(self):
         self.t += 1
         g = self._flat_grads()
-        if g is None:       # some parameter without a gradient (or mixed devices): one at a time
+        if g is None:       # some parameter without a gradient (or NumPy, or mixed devices): one at a time
             for p, s in zip(self.params, self.state):
                 if p.grad is not None:
                     self.update(p, p.grad, s)
+            if self.flat is not None:
+                self._join_state()   # the flat state from what this step made one parameter at a time
             return
         # The whole flat buffer at once: per-parameter state entries are views of the flat state.
         fs, keys = self._flat_state, set(self._flat_state)

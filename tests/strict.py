@@ -112,7 +112,8 @@ for _op, _uf in [("add", "add"), ("sub", "subtract"), ("mul", "multiply"), ("tru
     _f, _rf = _binop(_uf)
     setattr(StrictArray, f"__{_op}__", _f)
     setattr(StrictArray, f"__r{_op}__", _rf)
-    setattr(StrictArray, f"__i{_op}__", lambda self, other, _uf=_uf: getattr(np, _uf)(self, other, out=(self,)))
+    # in place, returning the array itself (as NumPy and CuPy do: ``a -= b`` leaves ``a`` the same object)
+    setattr(StrictArray, f"__i{_op}__", lambda self, other, _uf=_uf: (getattr(np, _uf)(self, other, out=(self,)), self)[1])
 for _op, _uf in [("lt", "less"), ("le", "less_equal"), ("gt", "greater"), ("ge", "greater_equal"),
                  ("eq", "equal"), ("ne", "not_equal")]:
     setattr(StrictArray, f"__{_op}__", lambda self, other, _uf=_uf: getattr(np, _uf)(self, other))

@@ -80,6 +80,25 @@ def test_flat_update_gives_the_bits_of_one_parameter_at_a_time(cls, kw):
     assert all(p.grad is None for p in host)
 
 
+def test_a_step_with_a_missing_gradient_keeps_the_state_of_the_others():
+    """A step where one parameter has no gradient goes one parameter at a time; the flat state follows."""
+    flat, single = _params(0), _params(0)
+    opt_flat, opt_single = optim.AdamW(flat, lr=0.01), [optim.AdamW([p], lr=0.01) for p in single]
+    rng = np.random.default_rng(4)
+    for step in range(4):
+        for i, (p, q) in enumerate(zip(flat, single)):
+            g = None if (step in (0, 2) and i == 2) else rng.standard_normal(p.shape)
+            p.grad, q.grad = (None, None) if g is None else (_dev(g), _dev(g))
+        opt_flat.step()
+        for p, o in zip(single, opt_single):
+            if p.grad is not None:
+                o.step()
+            else:
+                o.t += 1                                      # the flat optimizer's clock ticks for all
+    for p, q in zip(flat, single):
+        np.testing.assert_array_equal(_host(p.data), _host(q.data))
+
+
 def test_parameters_are_views_of_the_flat_buffer_and_state_dicts_keep_their_form():
     params = _params(0)
     opt = optim.AdamW(params, lr=0.01)
