@@ -315,18 +315,15 @@ def _up(a):
 
 
 def ndr_ctl_step(model_name="ndr"):
-    """(model, loss_fn, opt, clip, rng) for one CTL training step at train.py's cpu preset: its config and
-    model builder, a batch of 128 sequences of 7 tokens (the cpu preset's batch; bucketed CTL batches
-    have 4–8 tokens plus SOS/EOS)."""
+    """(model, loss_fn, opt, clip, rng) for one CTL training step at train.py's cpu preset: its config,
+    model builder, optimizer and first training batch (the launch count does not depend on its size)."""
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import train
     cfg = train.make_config("ctl", model_name, "cpu")
     fam = train.ClassificationFamily(cfg)
     fam.load_task()
     model = fam.build_model().to(DEVICE)
-    B, T = cfg.batch_size, 7
-    r = np.random.default_rng(0)
-    x, lengths, y = _up(r.integers(0, 19, (B, T))), _up(np.full(B, T)), _up(r.integers(0, 8, B))
+    x, lengths, y = (_up(a) for a in next(fam.batches(np.random.default_rng([cfg.seed, 1]))))
     opt = fam.optimizer(model.parameters())
     from minattn import functional as F
     return model, lambda: F.cross_entropy(model(x, lengths), y), opt, cfg.grad_clip, backend.RNG(0, DEVICE)
