@@ -200,6 +200,13 @@ class CountingArray:
         self._a[_unwrap(index)] = _unwrap(value)
 
 
+def _inplace(name):
+    def iop(self, other):  # returns the array itself, as NumPy and CuPy do (``a -= b`` keeps ``a``)
+        getattr(np, name)(self, other, out=(self,))
+        return self
+    return iop
+
+
 def _binop(name):
     ufunc = getattr(np, name)
 
@@ -218,8 +225,7 @@ for _op, _uf in [("add", "add"), ("sub", "subtract"), ("mul", "multiply"), ("tru
     _f, _rf = _binop(_uf)
     setattr(CountingArray, f"__{_op}__", _f)
     setattr(CountingArray, f"__r{_op}__", _rf)
-    # in place, returning the array itself (as NumPy and CuPy do: ``a -= b`` leaves ``a`` the same object)
-    setattr(CountingArray, f"__i{_op}__", lambda self, other, _uf=_uf: (getattr(np, _uf)(self, other, out=(self,)), self)[1])
+    setattr(CountingArray, f"__i{_op}__", _inplace(_uf))
 for _op, _uf in [("lt", "less"), ("le", "less_equal"), ("gt", "greater"), ("ge", "greater_equal"),
                  ("eq", "equal"), ("ne", "not_equal")]:
     setattr(CountingArray, f"__{_op}__", lambda self, other, _uf=_uf: getattr(np, _uf)(self, other))
@@ -337,17 +343,18 @@ def families():
     def crt(name):
         from minattn.models.crt import CRTConfig, CRTModel
         r = np.random.default_rng(0)
-        x, y = _up(r.standard_normal((256, 10, 14)).astype(np.float32)), _up(r.standard_normal((256, 10)).astype(np.float32))
+        x, y = (_up(r.standard_normal(shape).astype(np.float32)) for shape in ((256, 10, 14), (256, 10)))
         model = CRTModel(name, 14, CRTConfig(searches=2, retrievals=4)).to(DEVICE)
-        return model, lambda: F.abs(model(x) - y).mean(), optim.AdamW(model.parameters(), 1e-4, weight_decay=0.0), None, None
+        opt = optim.AdamW(model.parameters(), 1e-4, weight_decay=0.0)
+        return model, lambda: F.abs(model(x) - y).mean(), opt, None, None
 
     def seq2attn():
         from minattn.models.seq2attn import Seq2Attn, model_config
         r = np.random.default_rng(0)
         model = Seq2Attn(model_config("seq2attn"), 19, 12, sos_id=2).to(DEVICE)
         src, tgt, lengths = _up(r.integers(2, 19, (64, 4))), _up(r.integers(4, 12, (64, 4))), _up(np.full(64, 4))
-        return (model, lambda: model.loss(src, lengths, tgt, lengths), optim.AdamW(model.parameters(), 1e-3, weight_decay=0.0),
-                5.0, backend.RNG(0, DEVICE))
+        opt = optim.AdamW(model.parameters(), 1e-3, weight_decay=0.0)
+        return model, lambda: model.loss(src, lengths, tgt, lengths), opt, 5.0, backend.RNG(0, DEVICE)
 
     def abstractor(name):
         from minattn.models.abstractor import AbstractorConfig, build_seq2seq
@@ -358,9 +365,8 @@ def families():
         tgt_in = _up(np.concatenate([np.full((B, 1), 10), y[:, :-1]], axis=1))
         layers = {} if name == "abstractor" else dict(n_encoder_layers=4, n_decoder_layers=4)
         model = build_seq2seq(name, 11, 10, AbstractorConfig(**layers), d_src=12).to(DEVICE)
-        yd = _up(y)
-        return (model, lambda: F.cross_entropy(model(x, tgt_in), yd), optim.AdamW(model.parameters(), 1e-3, weight_decay=0.0),
-                None, backend.RNG(0, DEVICE))
+        yd, opt = _up(y), optim.AdamW(model.parameters(), 1e-3, weight_decay=0.0)
+        return model, lambda: F.cross_entropy(model(x, tgt_in), yd), opt, None, backend.RNG(0, DEVICE)
 
     return [("ndr (CTL, cpu preset)", lambda: ndr_ctl_step("ndr")),
             ("transformer (CTL, cpu preset)", lambda: ndr_ctl_step("transformer")),
