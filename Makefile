@@ -3,7 +3,7 @@
 #   make test-slow                              the slow training checks
 #   make train TASK=ctl MODEL=ndr DEVICE=cpu ARGS="--steps 1000"
 #   make plot RUN=runs/ctl-ndr-cpu-s0 [TASK=ctl MODEL=ndr]  pictures of a checkpoint into RUN/plots
-#   make bench                                  engine/model speed (not a test)
+#   make bench                                  launches per step (tests/counting.py), engine/model speed (not a test)
 #   make gpu-check [PY=python3]                 on a GPU machine: GPU tests, bench, a resume-exact NDR run
 PYTHON ?= python3
 VENV   := .venv
@@ -53,6 +53,7 @@ plot: venv
 		$(if $(filter command line,$(origin MODEL)),--model $(MODEL)) $(ARGS)
 
 bench: venv
+	$(PY) -m tests.counting
 	$(PY) -m minattn.bench --device $(DEVICE) $(ARGS)
 
 # PY=python3 (given on the command line) runs with a Python that already has numpy, cupy, tqdm and

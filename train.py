@@ -41,9 +41,6 @@ from minattn.recipes import RECIPES, RunConfig, UsageError, recipe_for  # noqa: 
 from minattn.rundir import (CHECKPOINT, convert, identity, load_checkpoint, locked, repair_log,  # noqa: E402
                             report, save_checkpoint, to_json, write_atomic)
 
-# The recipe table under the names of the safety net tests/test_golden.py, which is kept byte for byte.
-FAMILIES, family_of = RECIPES, recipe_for
-
 
 class Diverged(Exception):
     """The loss or the gradient norm became NaN or infinite: printed as one line, exit code 3."""

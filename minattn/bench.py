@@ -159,7 +159,7 @@ def bench_ndr(device, repeat):
 
 
 def bench_crt(device, repeat):
-    """A Contextual Retrieval Task training step (spec compositional.md §9: batch 256 × 10 objects, D = 64,
+    """A Contextual Retrieval Task training step (docs/compositional.md §9: batch 256 × 10 objects, D = 64,
     2 searches, 4 retrievals) for the multi-head and the compositional model; data generation excluded."""
     from .models.crt import CRTConfig, CRTModel
     xp = backend.get_xp(device)
@@ -178,7 +178,7 @@ def bench_crt(device, repeat):
 
 
 def bench_seq2attn(device, repeat):
-    """seq2attn on lookup tables (spec seq2attn.md §2.5: E = H = 256, Adam, clip 5, teacher forcing 0.5) on
+    """seq2attn on lookup tables (docs/seq2attn.md §2.5: E = H = 256, Adam, clip 5, teacher forcing 0.5) on
     binary compositions (4 input and 4 output steps): ms per training sequence at batch 1 (the paper's)
     and 64. At batch 1 the AdamW update of all 1.5M parameters is a large share, so it is shown apart."""
     from .models.seq2attn import Seq2Attn, model_config
@@ -199,7 +199,7 @@ def bench_seq2attn(device, repeat):
 
 
 def bench_abstractor(device, repeat):
-    """One object-sorting training step (spec abstractor.md §6.1: batch 512 × 10 objects, d = 64, 2 heads
+    """One object-sorting training step (docs/abstractor.md §6.1: batch 512 × 10 objects, d = 64, 2 heads
     each 64 wide, Adam) for the Abstractor and the Transformer. MFU counts the matmuls: every attention
     (self, cross, RCA) maps 10 positions to 10, so each costs the same."""
     from .attention.multihead import MultiHeadAttention
@@ -253,7 +253,7 @@ def peak_step_memory(step, device):
 
 
 def bench_coda(device, repeat):
-    """CoDA (spec coda.md) next to softmax attention at the same sizes: a training step of the encoder
+    """CoDA (docs/coda.md) next to softmax attention at the same sizes: a training step of the encoder
     classifier ("transformer" vs "transformer-coda" at the CTL cpu preset: d 128, 4 heads, d_ff 256, 11
     steps; batch 128 at two lengths) and of the MLU encoder–decoder (cpu preset: 2+2 layers, d 128, 4 heads
     of 32, batch 128, inputs of 16 characters, targets of 8), with the peak memory of a step. Then the L1

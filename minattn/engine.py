@@ -128,10 +128,13 @@ class Tensor:
 
         ``grad`` defaults to ones (the usual case: a scalar loss). Gradient buffers are shared
         freely: an op that passes its gradient through (add, reshape, broadcast...) hands one array
-        to several inputs, and ``grad`` itself belongs to the caller. So a tensor's incoming
-        gradients are summed in place only into a buffer the engine made for that same tensor (the
-        first sum makes it; later ones reuse it), and a leaf keeps a gradient as its ``.grad`` only
-        if the buffer is its own, else a copy. No array is ever the ``.grad`` of two leaves.
+        to several inputs, and ``grad`` itself belongs to the caller. So the engine never adds into
+        an incoming gradient. On NumPy it adds a tensor's gradients as they arrive, in place only into
+        a buffer it made for that tensor; on other devices (CuPy) it collects them and sums them when
+        it reaches the tensor, two with one add, more with one stack and one sum: 2 array operations
+        instead of one per use, which matters for a shared layer applied 14 times (on a GPU each is a
+        kernel launch; see ``_sum_in_order`` for the bits). A leaf keeps a gradient as its ``.grad``
+        only if the engine made that array, else a copy: no array is the ``.grad`` of two leaves.
         """
         if not self.requires_grad:
             raise RuntimeError("backward() on a tensor that does not require grad "
@@ -156,19 +159,24 @@ class Tensor:
             i += 1
         nodes.sort(key=_by_seq, reverse=True)
 
-        # The tensors (alive in ``nodes`` until we return, so their ids stay theirs) whose ``_g`` is a
-        # buffer the engine allocated for them alone: only those are added into in place.
-        owns = set()
+        # On NumPy each gradient is added as it arrives (cache-hot, little memory held); elsewhere
+        # they are collected and summed once (fewer kernel launches). ``owns``: the tensors (alive in
+        # ``nodes`` until we return, so their ids stay theirs) whose ``_g`` the engine made for them.
         self._g = grad
+        cpu, owns = xp is np, set()
         try:
             for node in nodes:
                 g, node._g = node._g, None
                 if g is None:
                     continue
+                if type(g) is list or isinstance(g, Deferred):
+                    g, owned = _total(xp, g if type(g) is list else [g]), True
+                else:
+                    owned = id(node) in owns  # a buffer the engine made for this tensor alone
                 fn = node.creator
                 if fn is None:  # a leaf: store or accumulate, never aliasing an array held elsewhere
                     if node.grad is None:
-                        node.grad = g if id(node) in owns else g.copy()
+                        node.grad = g if owned else g.copy()
                     else:
                         node.grad = node.grad + g
                     continue
@@ -183,21 +191,27 @@ class Tensor:
                         continue
                     data = t.data
                     if gx.shape != data.shape:
-                        gx = sum_to(gx, data.shape)
+                        # off NumPy a leaf (a parameter, maybe of a shared layer) reduces all at once
+                        gx = sum_to(gx, data.shape) if cpu or t.creator is not None else SumTo(gx, data.shape)
                         if gx.shape != data.shape:
                             raise ValueError(f"{type(fn).__name__}.backward returned shape {gx.shape} "
                                              f"for an input of shape {data.shape}")
                     if gx.dtype != data.dtype:
                         raise TypeError(f"{type(fn).__name__}.backward returned {gx.dtype} "
                                         f"for a {data.dtype} input")
-                    prev = t._g
+                    prev = t._g      # arrays here may be shared with other inputs: never written into
                     if prev is None:
-                        t._g = gx    # maybe shared with other inputs of fn: never written into
-                    elif id(t) in owns:
-                        prev += gx   # in place: this buffer was made for t alone
+                        t._g = gx
+                    elif cpu:        # a buffer of t's own, made by the first sum, takes the rest in place
+                        if id(t) in owns:
+                            prev += gx
+                        else:
+                            t._g = prev + gx
+                            owns.add(id(t))
+                    elif type(prev) is list:
+                        prev.append(gx)
                     else:
-                        t._g = prev + gx
-                        owns.add(id(t))
+                        t._g = [prev, gx]
                 fn.inputs = None
         except BaseException:
             for node in nodes:
@@ -305,6 +319,60 @@ class Tensor:
 
     def relu(self):
         return _ops.relu(self)
+
+
+class Deferred:
+    """A gradient a backward hands to the engine unevaluated, so that it can evaluate all gradients of
+    one kind of a tensor together: a parameter of a layer applied n times per step gets n of them, and
+    n matrix products (or reductions) cost n array operations where one on concatenated inputs costs
+    two or three (ops.Outer, ops.Slices, SumTo). ``total(items)`` evaluates a list of them; the sum is
+    then taken in another order than one by one (the last bits may differ). NumPy launches no kernels,
+    and there concatenating the inputs costs more than it saves: ops make them only off NumPy, where
+    the gradient is not an ``np.ndarray``, so on NumPy the engine computes as it did without them."""
+    __slots__ = ("shape", "dtype")
+
+
+class SumTo(Deferred):
+    """``sum_to(g, shape)``: a broadcast gradient reduced to a leaf's shape (a bias, a scalar)."""
+    __slots__ = ("g",)
+
+    def __init__(self, g, shape):
+        lead = g.ndim - len(shape)
+        fits = lead >= 0 and all(n in (1, m) for n, m in zip(shape, g.shape[lead:]))
+        self.g, self.shape, self.dtype = g, tuple(shape) if fits else g.shape, g.dtype
+
+    @staticmethod
+    def total(items):
+        shape, gs = items[0].shape, [i.g for i in items]
+        if len(gs) > 1 and all(g.shape == gs[0].shape for g in gs):
+            return sum_to(backend.array_module(gs[0]).stack(gs), shape)   # one reduction over all of them
+        return _sum_arrays([sum_to(g, shape) for g in gs])
+
+
+def _total(xp, items):
+    """The sum of a tensor's gradients: arrays and Deferred ones, each kind evaluated together."""
+    arrays, kinds = [], {}
+    for item in items:
+        if isinstance(item, Deferred):
+            kinds.setdefault(type(item), []).append(item)
+        else:
+            arrays.append(item)
+    return _sum_arrays(arrays + [kind.total(group) for kind, group in kinds.items()])
+
+
+def _sum_arrays(arrays):
+    if len(arrays) == 1:
+        return arrays[0]
+    return arrays[0] + arrays[1] if len(arrays) == 2 else _sum_in_order(backend.array_module(arrays[0]), arrays)
+
+
+def _sum_in_order(xp, arrays):
+    """g0 + g1 + g2 + ... in two array operations. NumPy (under the strict and counting test devices)
+    sums a stack along axis 0 left to right, the bits of adding one by one, except for one-element
+    arrays, where the axis is contiguous and it sums pairwise: there a cumulative sum keeps the order.
+    A GPU reduction may add in another order."""
+    stacked = xp.stack(arrays)
+    return stacked.sum(axis=0) if arrays[0].size > 1 else xp.cumsum(stacked, axis=0)[-1]
 
 
 def _by_seq(t):

@@ -7,8 +7,8 @@ NumPy's ``axis=`` keyword.
 from . import ops
 from .backend import array_module
 from .engine import Tensor, is_training
-from .ops import (abs, broadcast_to, concat, cross_entropy, cumsum, embedding, exp, log, log_softmax,  # noqa: F401
-                  logsigmoid, masked_fill, matmul, max, maximum, mean, minimum, relu, reshape, sigmoid,
+from .ops import (abs, broadcast_to, concat, cross_entropy, cumsum, embedding, exp, linear, log,  # noqa: F401
+                  log_softmax, logsigmoid, masked_fill, matmul, max, maximum, mean, minimum, relu, reshape, sigmoid,
                   softmax, softplus, sqrt, stack, straight_through, sum, swapaxes, tanh, transpose, where)
 
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import backend
 from . import functional as F
-from .engine import Tensor
+from .engine import Tensor, is_training
 
 
 class Parameter(Tensor):
@@ -165,9 +165,7 @@ class Linear(Module):
     def forward(self, x):
         *lead, d_in = x.shape
         # (..., d_in) -> (N, d_in): one 2-D matmul is much faster than a batched one (perf guide).
-        y = x.reshape(-1, d_in) @ self.weight if lead and len(lead) > 1 else x @ self.weight
-        if self.bias is not None:
-            y = y + self.bias
+        y = F.linear(x.reshape(-1, d_in) if len(lead) > 1 else x, self.weight, self.bias)
         return y.reshape(*lead, -1) if len(lead) > 1 else y
 
 
@@ -197,15 +195,41 @@ class LayerNorm(Module):
 
 
 class Dropout(Module):
-    """Inverted dropout drawing from ``self.rng`` (set by ``Module.set_rng``); off in eval."""
+    """Inverted dropout drawing from ``self.rng`` (set by ``Module.set_rng``); off in eval.
 
-    def __init__(self, p, rng=None):
+    ``scale=False`` keeps the kept entries as they are (a gate that closes, not a rescaled activation);
+    ``shared_axes`` share one draw along those axes (e.g. (-1,): a whole column at once). ``plan(n)``
+    says the next n calls get inputs of one shape, as a shared layer applied n times per step does: their
+    masks are then drawn at once, one draw of three array operations instead of n (on a GPU each is a
+    kernel launch). With one draw per call the masks are the bits ``F.dropout`` draws.
+    """
+
+    def __init__(self, p, rng=None, scale=True, shared_axes=()):
         if not 0 <= p < 1:   # checked here too, so a bad setting fails when the model is built
             raise ValueError(f"dropout probability must be in [0, 1), got {p}")
-        self.p, self.rng = p, rng
+        self.p, self.rng, self.scale, self.shared_axes = p, rng, scale, tuple(shared_axes)
+        self.draws, self._masks = 1, None
+
+    def plan(self, n):
+        self.draws, self._masks = max(1, n), None
 
     def forward(self, x):
-        return F.dropout(x, self.p, self.rng, training=self.training)
+        if not (self.training and is_training()) or self.p == 0:
+            return x
+        return x * self._next_mask(x)
+
+    def _next_mask(self, x):
+        shape = tuple(1 if a in self.shared_axes or a - x.ndim in self.shared_axes else n
+                      for a, n in enumerate(x.shape))
+        masks = self._masks
+        if masks is None or masks[0] is not self.rng or masks[1] != (shape, x.dtype) or masks[3] == self.draws:
+            if self.rng is None:
+                raise ValueError("dropout in training mode needs an RNG: call model.set_rng(backend.RNG(seed, device))")
+            keep = self.rng.keep_mask((self.draws,) + shape, self.p)
+            drawn = keep * x.dtype.type(1 / (1 - self.p)) if self.scale else keep.astype(x.dtype)
+            masks = self._masks = [self.rng, (shape, x.dtype), drawn, 0]
+        masks[3] += 1
+        return masks[2][masks[3] - 1]
 
 
 class FeedForward(Module):
@@ -241,8 +265,8 @@ class GRUCell(Module):
 
     def forward(self, x, h):
         H = self.d_hidden
-        gi = x @ self.w_ih + self.b_ih   # (B, 3H)
-        gh = h @ self.w_hh + self.b_hh   # (B, 3H)
+        gi = F.linear(x, self.w_ih, self.b_ih)   # (B, 3H)
+        gh = F.linear(h, self.w_hh, self.b_hh)   # (B, 3H)
         rz = F.sigmoid(gi[:, :2 * H] + gh[:, :2 * H])
         r, z = rz[:, :H], rz[:, H:]
         n = F.tanh(gi[:, 2 * H:] + r * gh[:, 2 * H:])

@@ -13,7 +13,7 @@ speed; ``tests/test_ops.py`` checks them against their composite definitions.
 import numpy as np
 
 from .backend import array_module, device_of, to_device
-from .engine import Function, Tensor
+from .engine import Deferred, Function, Tensor
 
 
 def _is_scalar(x):
@@ -141,8 +141,8 @@ class MaskedFill(Function):
         self.mask, self.value = mask, value
 
     def forward(self, x):
-        xp = array_module(x)
-        return xp.where(self.mask, xp.asarray(self.value, dtype=x.dtype), x)
+        # A NumPy scalar of x's dtype, not xp.asarray(value): on a GPU that would be a host-to-device copy.
+        return array_module(x).where(self.mask, x.dtype.type(self.value), x)
 
     def backward(self, gy):
         return array_module(gy).where(self.mask, gy.dtype.type(0), gy)
@@ -471,8 +471,27 @@ class MatMul(Function):
         return _mm(a, b)
 
     def backward(self, gy):
-        return (_mm(gy, self.b.swapaxes(-1, -2)) if _needs_grad(self, 0) else None,
-                _mm(self.a.swapaxes(-1, -2), gy) if _needs_grad(self, 1) else None)
+        gb = None
+        if _needs_grad(self, 1):  # off NumPy, a weight (a 2-D leaf times 2-D rows): aᵀ gy to the engine
+            defer = type(gy) is not np.ndarray and self.inputs[1].creator is None and self.a.ndim == 2
+            gb = Outer(self.a, gy) if defer else _mm(self.a.swapaxes(-1, -2), gy)
+        return (_mm(gy, self.b.swapaxes(-1, -2)) if _needs_grad(self, 0) else None), gb
+
+
+class Outer(Deferred):
+    """aᵀ g for a (N, m), g (N, n): a weight's gradient, evaluated by the engine. The n products of a
+    shared layer's weight are one product of their concatenated rows (3 array operations, not n + 2)."""
+    __slots__ = ("a", "g")
+
+    def __init__(self, a, g):
+        self.a, self.g, self.shape, self.dtype = a, g, (a.shape[1], g.shape[1]), g.dtype
+
+    @staticmethod
+    def total(items):
+        if len(items) == 1:
+            return _mm(items[0].a.swapaxes(-1, -2), items[0].g)
+        xp = array_module(items[0].g)
+        return _mm(xp.concatenate([i.a for i in items]).swapaxes(-1, -2), xp.concatenate([i.g for i in items]))
 
 
 def _mm(a, b):
@@ -483,6 +502,27 @@ def _mm(a, b):
 
 def matmul(a, b):
     return MatMul()(a, b)
+
+
+class Linear(MatMul):
+    """x @ W + b for x (N, d_in), W (d_in, d_out), b (d_out,) or absent: the matmul and the bias add as
+    one node, the bias added in place into the product (one temporary array less). Backward: MatMul's,
+    and the bias gets gy unreduced (the engine sums it over the rows; see engine.Deferred)."""
+
+    def forward(self, x, W, *b):
+        if x.ndim != 2:
+            raise ValueError(f"linear needs rows x (N, d_in), got shape {x.shape}")
+        y = super().forward(x, W)
+        if b:
+            y += b[0]
+        return y
+
+    def backward(self, gy):
+        return super().backward(gy) + ((gy,) if len(self.inputs) == 3 else ())
+
+
+def linear(x, W, b=None):
+    return Linear()(x, W) if b is None else Linear()(x, W, b)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -587,6 +627,8 @@ class GetItem(Function):
         return x[self.index]
 
     def backward(self, gy):
+        if type(gy) is not np.ndarray and all(_array_kind(i) is None for i in self.index):   # see engine.Deferred
+            return Slices(self.index, gy, self.shape)
         xp = array_module(gy)
         if all(_array_kind(i) in (None, "b") for i in self.index):
             gx = xp.zeros(self.shape, dtype=self.dtype)
@@ -608,6 +650,24 @@ class GetItem(Function):
         P, K, Q = (int(np.prod(s)) for s in (self.shape[:a], sizes, self.shape[a + len(arrays):]))
         g = segment_sum(gy.reshape(P, k.size, Q), k.reshape(-1), K)                  # (P, K, Q)
         return g.reshape(self.shape)
+
+
+class Slices(Deferred):
+    """A slice's gradient: gy at a basic index of zeros, evaluated by the engine. The slices of one
+    tensor (q, k and v of a fused projection) fill one array of zeros: 1 + n operations, not 2n + 2."""
+    __slots__ = ("index", "g")
+
+    def __init__(self, index, g, shape):
+        self.index, self.g, self.shape, self.dtype = index, g, shape, g.dtype
+
+    @staticmethod
+    def total(items):
+        gx = array_module(items[0].g).zeros(items[0].shape, dtype=items[0].dtype)
+        gx[items[0].index] = items[0].g
+        for item in items[1:]:
+            view = gx[item.index]
+            view += item.g        # not gx[index] += g: that also writes the view back, a second copy
+        return gx
 
 
 class Concat(Function):
@@ -768,9 +828,9 @@ class LayerNorm(Function):
 
     def backward(self, gy):
         xhat = self.xhat
-        lead = tuple(range(gy.ndim - 1))
-        gw = (gy * xhat).sum(axis=lead)
-        gb = gy.sum(axis=lead)
+        # weight and bias get gy ⊙ x̂ and gy unreduced: the engine sums them over the leading axes, all
+        # applications of a shared layer's norm in one reduction (engine.SumTo)
+        gw, gb = gy * xhat, gy
         gh = gy * self.weight
         gx = self.rstd * (gh - gh.mean(axis=-1, keepdims=True) - xhat * (gh * xhat).mean(axis=-1, keepdims=True))
         return gx, gw, gb

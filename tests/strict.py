@@ -94,6 +94,13 @@ class StrictArray:
         self._a[_unwrap(index)] = _unwrap(value)
 
 
+def _inplace(name):
+    def iop(self, other):  # returns the array itself, as NumPy and CuPy do (``a -= b`` keeps ``a``)
+        getattr(np, name)(self, other, out=(self,))
+        return self
+    return iop
+
+
 def _binop(name):
     ufunc = getattr(np, name)
 
@@ -113,7 +120,7 @@ for _op, _uf in [("add", "add"), ("sub", "subtract"), ("mul", "multiply"), ("tru
     _f, _rf = _binop(_uf)
     setattr(StrictArray, f"__{_op}__", _f)
     setattr(StrictArray, f"__r{_op}__", _rf)
-    setattr(StrictArray, f"__i{_op}__", lambda self, other, _uf=_uf: getattr(np, _uf)(self, other, out=(self,)))
+    setattr(StrictArray, f"__i{_op}__", _inplace(_uf))
 for _op, _uf in [("lt", "less"), ("le", "less_equal"), ("gt", "greater"), ("ge", "greater_equal"),
                  ("eq", "equal"), ("ne", "not_equal")]:
     setattr(StrictArray, f"__{_op}__", lambda self, other, _uf=_uf: getattr(np, _uf)(self, other))

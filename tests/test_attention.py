@@ -3,11 +3,14 @@ import numpy as np
 import pytest
 
 from minattn import backend
-from minattn.attention.geometric import GeometricAttention, geometric_attention_weights, scan_order
+from minattn.attention.geometric import (DirectionalLogits, GeometricAttention, constants,
+                                        geometric_attention_weights, scan_order)
 from minattn.attention.multihead import MultiHeadAttention
 from minattn.attention.relative import RelativeMultiHeadAttention
 from minattn.engine import Tensor, eval_mode, no_grad
 from minattn.models.transformer import ARCHITECTURES, Classifier, EncoderConfig
+
+from .reference import directional_logits_reference, geometric_attention_weights_reference
 
 
 def naive_geometric(z, key_mask=None, normalize=False):
@@ -47,6 +50,48 @@ def test_geometric_weights_match_the_definition(T, normalize):
     key_mask[1, T - T // 3:] = False                       # padding in the second sample
     got = geometric_attention_weights(Tensor(z), key_mask, normalize).data
     np.testing.assert_allclose(got, naive_geometric(z, key_mask, normalize), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_fused_geometric_weights_agree_with_the_composite(normalize):
+    """GeometricWeights (one op, analytic backward) vs the composite of ops it replaced: values and
+    gradients, with padding, large logits (z + m loses nothing that matters) and T = 1."""
+    rng = np.random.default_rng(0)
+    for T, scale in ((1, 1.0), (6, 3.0), (9, 30.0)):
+        z = rng.standard_normal((2, 3, T, T)) * scale
+        key_mask = np.ones((2, T), bool)
+        key_mask[1, T - T // 3:] = False
+        g = rng.standard_normal(z.shape)
+        out = []
+        for fn in (geometric_attention_weights, geometric_attention_weights_reference):
+            x = Tensor(z, requires_grad=True)
+            A = fn(x, key_mask, normalize)
+            A.backward(g)
+            out.append((A.data, x.grad))
+        np.testing.assert_allclose(out[0][0], out[1][0], rtol=1e-9, atol=1e-13)
+        np.testing.assert_allclose(out[0][1], out[1][1], rtol=1e-7, atol=1e-12)
+
+
+def test_fused_directional_logits_agree_with_the_composite_off_the_diagonal():
+    rng = np.random.default_rng(1)
+    T = 6
+    arrays = [rng.standard_normal(shape) for shape in ((2, 2, T, T), (2, 2, T, 2), (1,), (1,), (1,))]
+    g = rng.standard_normal((2, 2, T, T)) * (1 - np.eye(T))       # the diagonal is masked: no gradient there
+    out = []
+    for fn in (lambda *a: DirectionalLogits(*constants(T, a[0].data)[3:])(*a), directional_logits_reference):
+        xs = [Tensor(a, requires_grad=True) for a in arrays]
+        z = fn(*xs)
+        z.backward(g)
+        out.append((z.data * (1 - np.eye(T)), [x.grad for x in xs]))
+    np.testing.assert_allclose(out[0][0], out[1][0], rtol=1e-12, atol=1e-12)
+    for a, b in zip(out[0][1], out[1][1]):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_fused_geometric_weights_float32_stay_within_one():
+    z = np.full((1, 1, 8, 8), 30.3, np.float32)                  # z + m rounds to ±1 ulp of 30
+    A = geometric_attention_weights(Tensor(z)).data
+    assert (A.sum(-1) <= 1 + 1e-5).all() and np.isfinite(A).all()
 
 
 def test_geometric_ties_right_key_blocks_left_mirror():

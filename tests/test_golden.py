@@ -49,7 +49,7 @@ def _compare_or_update(name, actual, compare):
 
 def resolved_configs():
     out = {}
-    for fam in train.FAMILIES:
+    for fam in train.RECIPES:
         for task in fam.tasks:
             for model in fam.models:
                 for preset in ("cpu", "paper"):
@@ -75,7 +75,7 @@ def test_resolved_configurations_are_unchanged(monkeypatch):
 
 def golden_run(task, model, tmp_path, monkeypatch):
     """(losses of 3 steps, {parameter: [sum, L2 norm]}) of train.train on a tiny batch."""
-    fam = train.family_of(task)
+    fam = train.recipe_for(task)
     losses, models = [], []
     real_loss, real_build = fam.loss, fam.build_model
 
@@ -102,7 +102,7 @@ def golden_run(task, model, tmp_path, monkeypatch):
 def test_golden_runs_are_unchanged(tmp_path, monkeypatch):
     runs = {}
     for task in RUN_TASKS:
-        for model in train.family_of(task).models:
+        for model in train.recipe_for(task).models:
             with monkeypatch.context() as m:
                 losses, params = golden_run(task, model, tmp_path, m)
             runs[f"{task}/{model}"] = {"losses": losses, "params": params}

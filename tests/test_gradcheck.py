@@ -18,7 +18,8 @@ from minattn.attention.additive import AdditiveAttention
 from minattn.attention.coda import (COMPOSITIONS, CoDAConfig, CoDAttention, PairwiseCoDA, l1_distance,
                                    l1_distance_reference)
 from minattn.attention.compositional import CompositionalAttention
-from minattn.attention.geometric import GeometricAttention, geometric_attention_weights
+from minattn.attention.geometric import (DirectionalLogits, GeometricAttention, constants,
+                                        geometric_attention_weights)
 from minattn.attention.multihead import MultiHeadAttention
 from minattn.attention.relational import PositionRelativeRCA, RelationalCrossAttention, SimplifiedRCA
 from minattn.attention.relative import RelativeMultiHeadAttention
@@ -31,6 +32,8 @@ from minattn.models.transformer import ARCHITECTURES, Classifier, CopyGateLayer,
 from minattn.models.transformer import DecoderLayer, EncoderDecoderConfig, Seq2SeqTransformer, keras_attention
 from minattn.models.transformer import CoDASeq2SeqTransformer
 from minattn.ops import Softmax
+
+from .reference import directional_logits_reference, geometric_attention_weights_reference
 
 
 def N(*shape):
@@ -106,6 +109,8 @@ OPS = [
     ("cumsum_reverse", lambda a: F.cumsum(a, axis=-1, reverse=True), inputs(N(2, 5))),
     ("matmul", lambda a, b: a @ b, inputs(N(2, 3, 4), N(4, 5))),
     ("matmul_batch_broadcast", lambda a, b: a @ b, inputs(N(2, 1, 3, 4), N(3, 4, 2))),
+    ("linear", F.linear, inputs(N(5, 4), N(4, 3), N(3))),
+    ("linear_no_bias", F.linear, inputs(N(5, 4), N(4, 3))),
     ("reshape", lambda a: a.reshape(4, 6) * a.reshape(4, 6), inputs(N(2, 3, 4))),
     ("transpose", lambda a: a.transpose(2, 0, 1), inputs(N(2, 3, 4))),
     ("transpose_T", lambda a: a.T, inputs(N(3, 4))),
@@ -143,6 +148,12 @@ OPS = [
     ("geometric_weights_padded_normalized", lambda z, m: geometric_attention_weights(z, m, normalize=True),
      inputs(lambda r: r.uniform(-3, 3, (2, 1, 4, 4)), const(np.array([[1, 1, 1, 0], [1, 1, 1, 1]], bool)))),
     ("geometric_weights_T1", lambda z: geometric_attention_weights(z), inputs(N(1, 1, 1, 1))),
+    ("geometric_weights_reference", lambda z, m: geometric_attention_weights_reference(z, m),
+     inputs(lambda r: r.uniform(-3, 3, (2, 1, 4, 4)), const(np.array([[1, 1, 1, 0], [1, 1, 1, 1]], bool)))),
+    ("directional_logits", lambda qk, s, a, b, g: DirectionalLogits(*constants(5, qk.data)[3:])(qk, s, a, b, g),
+     inputs(N(2, 2, 5, 5), N(2, 2, 5, 2), N(1), N(1), N(1))),
+    ("directional_logits_reference", directional_logits_reference,
+     inputs(N(2, 2, 5, 5), N(2, 2, 5, 2), N(1), N(1), N(1))),
     ("gumbel_softmax_soft", lambda a, g: F.gumbel_softmax(a, tau=0.7, hard=False, noise=g),
      inputs(N(3, 5), N(3, 5))),
     ("gumbel_softmax_soft_tau_tensor", lambda a, tau, g: F.gumbel_softmax(a, tau=tau, hard=False, noise=g),

@@ -28,7 +28,6 @@ from ..attention.compositional import CompositionalAttention
 from ..attention.geometric import GeometricAttention
 from ..attention.multihead import MultiHeadAttention, check_init
 from ..attention.relative import RelativeMultiHeadAttention
-from ..engine import is_training
 from ..nn import Dropout, Embedding, FeedForward, LayerNorm, Linear, Module, sinusoidal_positions, xavier_uniform
 
 
@@ -99,17 +98,14 @@ class CopyGateLayer(Module):
             self.norm_out = LayerNorm(d)
         self.gate = FeedForward(d, d, cfg.dropout, rng, gain1=math.sqrt(2), gain2=1.0, xavier=True)
         self.gate.fc2.bias.data[:] = -3.0   # σ(−3) ≈ 0.047: start close to "copy the state"
-        self.gate_dropout = cfg.gate_dropout
-        self.rng = None                      # draws the gate-dropout mask (set by Module.set_rng)
+        # Gate dropout (the code's): closes the whole gate of a column for a step, without rescaling.
+        self.gate_dropout = Dropout(cfg.gate_dropout, scale=False, shared_axes=(-1,))
         self.last_gate = None
 
     def forward(self, h, key_mask=None):
         a = self.norm_merge(h + self.drop_att(self.attn(h, key_mask=key_mask)))
         u = F.tanh(self.ff(a)) if self.tanh_out else self.norm_out(self.ff(a))
-        g = F.sigmoid(self.gate(a))
-        if self.training and is_training() and self.gate_dropout > 0:
-            B, T, _ = h.shape
-            g = g * self.rng.keep_mask((B, T, 1), self.gate_dropout).astype(h.dtype)  # whole columns close
+        g = self.gate_dropout(F.sigmoid(self.gate(a)))
         if self.record:
             self.last_gate = g
         return h + g * (u - h)               # = g ⊙ u + (1 − g) ⊙ h, using the pre-attention h
@@ -171,6 +167,9 @@ class UniversalEncoder(Module):
             h = self.input_dropout(h + self.pe[:T])
         steps = n_steps or (self.cfg.n_steps if self.training or not self.cfg.n_steps_eval else self.cfg.n_steps_eval)
         self.layer.attn.record = self.layer.record = trace is not None
+        for _, m in self.layer.named_modules():   # the shared layer's dropout masks: one draw per step
+            if isinstance(m, Dropout):
+                m.plan(steps)
         for _ in range(steps):
             h = self.layer(h, key_mask=key_mask)
             if trace is not None:
