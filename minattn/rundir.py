@@ -133,6 +133,9 @@ def convert(out_dir):
     path = os.path.join(out_dir, "checkpoint.pkl")
     if not os.path.exists(path):
         raise UsageError(f"{out_dir} holds no checkpoint.pkl to convert")
+    if os.path.exists(os.path.join(out_dir, CHECKPOINT)):   # converted before, and maybe trained on since
+        raise UsageError(f"{out_dir} already holds {CHECKPOINT}, which is read instead of checkpoint.pkl; "
+                         "nothing was overwritten (delete checkpoint.pkl)")
     print(f"warning: unpickling {path} runs any code it carries; convert only files you trust", file=sys.stderr)
     with locked(out_dir):
         try:

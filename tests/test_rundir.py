@@ -278,3 +278,6 @@ def test_an_old_pickle_checkpoint_is_refused_and_converted_only_on_request(tmp_p
         np.testing.assert_array_equal(again["model"][k], ckpt["model"][k])
     assert again["history"] == ckpt["history"] and again["step"] == 2
     assert run(TINY + ["--steps", "4", "--out", str(out), "--resume"], capsys)[0] == 0
+    code, err = run(["--convert", str(out)], capsys)       # again: the old pickle must not replace step 4
+    one_line_error(code, err)
+    assert "already holds checkpoint.npz" in err and train.load_checkpoint(str(out / "checkpoint.npz"))["step"] == 4
