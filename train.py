@@ -176,7 +176,10 @@ def _train(cfg, out_dir, resume, progress):
         cfg.steps = ckpt["config"]["steps"] if cfg.steps is None else cfg.steps
         cfg.eval_every = ckpt["config"]["eval_every"] if cfg.eval_every is None else cfg.eval_every
         if ckpt["identity"] != identity(cfg):
-            diff = sorted(k for k in identity(cfg) if ckpt["identity"].get(k) != identity(cfg)[k])
+            def flat(d):   # model_config's fields by name: "d_model", not "model_config"
+                return {**{k: v for k, v in d.items() if k != "model_config"}, **(d.get("model_config") or {})}
+            was, now = flat(ckpt["identity"]), flat(identity(cfg))
+            diff = sorted(k for k in was.keys() | now.keys() if was.get(k) != now.get(k))
             raise UsageError(f"checkpoint in {out_dir} was written by a different run (differs in: {', '.join(diff)}); "
                              "nothing was overwritten")
         if cfg.steps < ckpt["step"]:
