@@ -493,8 +493,9 @@ def main(argv=None):
         return 3
     except KeyboardInterrupt:
         saved = out and os.path.exists(os.path.join(out, CHECKPOINT))
-        print("interrupted: " + ("the last checkpoint is intact; continue with --resume" if saved else
-                                 "before the first checkpoint, so there is nothing to resume"), file=sys.stderr)
+        print("interrupted" + ("" if out is None else   # out: set once training starts (not --evaluate, --plot)
+                               ": the last checkpoint is intact; continue with --resume" if saved else
+                               ": before the first checkpoint, so there is nothing to resume"), file=sys.stderr)
         return 130
     print(summary(results, out))
     return 0
