@@ -23,6 +23,7 @@ Generated token-classification data is cached under ``$MINATTN_CACHE`` (default 
 other tasks are generated in about a second.
 """
 import argparse
+import inspect
 import os
 import sys
 
@@ -50,6 +51,13 @@ def _task(args):
         if args.split == "all":
             return ScanGrammar()
         options["split"] = args.split
+    if args.task in TASKS:   # name a mistyped option and the valid ones, not the constructor's TypeError
+        valid = [k for k in inspect.signature(TASKS[args.task].__init__).parameters
+                 if k not in ("self", "seed", "cache_dir", "split")]
+        unknown = [k for k in options if k not in valid and k != "split"]
+        if unknown:
+            raise ValueError(f"{args.task} has no option {', '.join(map(repr, unknown))} for --set; valid: "
+                             f"{', '.join(valid) or 'none'}")
     return get_task(args.task, seed=args.seed, cache_dir=args.cache_dir, **options)
 
 
@@ -83,6 +91,8 @@ def main(argv=None) -> int:
             with open(os.path.join(args.out, name), "w") as f:
                 f.writelines(line + "\n" for line in lines)
         print(f"wrote {', '.join(files)} to {args.out}")
+    except BrokenPipeError:   # `tasks.py stats ... | head`: the reader left, handled below
+        raise
     except (TypeError, ValueError, OSError) as e:
         print(f"tasks.py: error: {e}", file=sys.stderr)
         return 2
@@ -90,4 +100,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BrokenPipeError:   # not an error of ours (as in train.py)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)

@@ -3,7 +3,7 @@
     python train.py --task ctl --model ndr                 # the cpu preset (fits ~30 min on 2 cores)
     python train.py --task ctl --model ndr --preset paper --device gpu
     python train.py --task arith --model transformer --steps 2000 --set d_model=128 --out runs/arith
-    python train.py --resume --out runs/ctl-ndr            # continue an interrupted run exactly
+    python train.py --resume runs/ctl-ndr-cpu-s0           # continue an interrupted run exactly
 
 One readable loop: batches → loss → backward → clip → AdamW step; every ``--eval-every`` steps an
 evaluation of every split under ``no_grad()``/``eval_mode()``, a line in ``DIR/metrics.jsonl`` and an
@@ -91,19 +91,25 @@ def _bool(text):
     return text.lower() in ("true", "1")
 
 
+_EXPECTED = {"int": "an integer", "float": "a number", "bool": "true or false"}
+
+
 def _parse_value(key, text, task, model=None):
     """--set values take the type of the field they override (in the model's own config when it is known)."""
     recipe = recipe_for(task)
     model_config = recipe.config(task, model if model in recipe.models else recipe.models[0], "cpu").model_config
     field_types = {f.name: f.type for f in dataclasses.fields(model_config)}
     field_types.update({f.name: f.type for f in dataclasses.fields(RunConfig)})
+    for name in ("model_config", "task", "model", "preset"):   # not --set's to change
+        field_types.pop(name)
     kind = field_types.get(key)
     if kind is None:
-        raise UsageError(f"unknown setting {key!r} in --set")
+        raise UsageError(f"unknown setting {key!r} in --set; valid: {', '.join(sorted(field_types))}")
+    kind = getattr(kind, "__name__", kind)   # a class, or its name under postponed annotations
     try:
-        return {"int": int, "float": float, "str": str, "bool": _bool}.get(getattr(kind, "__name__", kind), str)(text)
+        return {"int": int, "float": float, "str": str, "bool": _bool}.get(kind, str)(text)
     except ValueError:
-        raise UsageError(f"--set {key}={text}: expected {kind}") from None
+        raise UsageError(f"--set {key}={text}: expected {_EXPECTED.get(kind, kind)}") from None
 
 
 def _parse_settings(items, task, model, allowed=None):
@@ -167,7 +173,10 @@ def _train(cfg, out_dir, resume, progress):
         cfg.steps = ckpt["config"]["steps"] if cfg.steps is None else cfg.steps
         cfg.eval_every = ckpt["config"]["eval_every"] if cfg.eval_every is None else cfg.eval_every
         if ckpt["identity"] != identity(cfg):
-            diff = sorted(k for k in identity(cfg) if ckpt["identity"].get(k) != identity(cfg)[k])
+            def flat(d):   # model_config's fields by name: "d_model", not "model_config"
+                return {**{k: v for k, v in d.items() if k != "model_config"}, **(d.get("model_config") or {})}
+            was, now = flat(ckpt["identity"]), flat(identity(cfg))
+            diff = sorted(k for k in was.keys() | now.keys() if was.get(k) != now.get(k))
             raise UsageError(f"checkpoint in {out_dir} was written by a different run (differs in: {', '.join(diff)}); "
                              "nothing was overwritten")
         if cfg.steps < ckpt["step"]:
@@ -354,12 +363,13 @@ def plot(out_dir, device="cpu", texts=(), task=None, model=None, settings=()):
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     # --task and --model default to ctl and ndr for training; None tells --plot that none was given
-    ap.add_argument("--task", help="one of: " + ", ".join(t for f in RECIPES for t in f.tasks) + " (default ctl)")
-    models = dict.fromkeys(m for f in RECIPES for m in f.models)  # sort and MLU share transformer-seq2seq
+    ap.add_argument("--task", help="one of: " + ", ".join(t for r in RECIPES for t in r.tasks) + " (default ctl)")
+    models = dict.fromkeys(m for r in RECIPES for m in r.models)  # sort and MLU share transformer-seq2seq
     ap.add_argument("--model", help="one of: " + ", ".join(models) + " (default ndr)")
     ap.add_argument("--split", help="scan: the split, e.g. filler0, length, length_cutoff_26 (all: SCAN_SPLITS in "
                     "minattn/data/seq2seq.py)")
-    ap.add_argument("--device", default="cpu", help="cpu or gpu (needs CuPy: pip install cupy-cuda12x)")
+    ap.add_argument("--device", default="cpu", help="cpu or gpu (needs CuPy: make venv DEVICE=gpu, or "
+                    "pip install -e '.[gpu]'; see README \"On a GPU\")")
     ap.add_argument("--preset", default="cpu", help="cpu (default; ~30 min on 2 cores) or paper (the paper's "
                     "hyperparameters, for a GPU)")
     ap.add_argument("--steps", type=int, help="optimizer steps (default: the preset's)")
@@ -480,8 +490,9 @@ def main(argv=None):
         return 3
     except KeyboardInterrupt:
         saved = out and os.path.exists(os.path.join(out, CHECKPOINT))
-        print("interrupted: " + ("the last checkpoint is intact; continue with --resume" if saved else
-                                 "before the first checkpoint, so there is nothing to resume"), file=sys.stderr)
+        print("interrupted" + ("" if out is None else   # out: set once training starts (not --evaluate, --plot)
+                               ": the last checkpoint is intact; continue with --resume" if saved else
+                               ": before the first checkpoint, so there is nothing to resume"), file=sys.stderr)
         return 130
     print(summary(results, out))
     return 0
@@ -492,7 +503,8 @@ def summary(results, out):
     metrics = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in results["metrics"].items())
     return (f"done: {results['task']} / {results['model']}, {results['steps']} steps in {results['wall_s']:.0f} s "
             f"({results['ms_per_step'] or 0:.0f} ms/step); {metrics or 'no metrics'} "
-            f"(selected at step {results['best_step']})\n"
+            + (f"(selected at step {results['best_step']})\n" if results["best_step"] is not None else
+               "(the last evaluation: the task has no split to select by)\n") +
             f"results: {os.path.join(out, 'results.json')}, learning curve: {os.path.join(out, 'metrics.jsonl')}, "
             f"checkpoint: {os.path.join(out, CHECKPOINT)}\n"
             f"pictures: python train.py --plot --out {out}")

@@ -81,7 +81,7 @@ def to_json(obj):
 # checkpoint.npz, read with NumPy alone (docs/checkpoints.md): "model/NAME" and "selected/NAME" (the
 # parameters at the selected evaluation, for tasks that evaluate them once at the end), "optimizer/NAME/KEY"
 # (e.g. Adam's m and v) and "metadata", a JSON string. No RNG state is saved: every random stream of a run
-# is a function of its seed and the step (see the module docstring).
+# is a function of its seed and the step (see train.py's module docstring).
 CHECKPOINT = "checkpoint.npz"
 CHECKPOINT_METADATA = ("version", "identity", "config", "step", "best", "train_time", "history", "optimizer",
                        "parameters")
@@ -133,6 +133,9 @@ def convert(out_dir):
     path = os.path.join(out_dir, "checkpoint.pkl")
     if not os.path.exists(path):
         raise UsageError(f"{out_dir} holds no checkpoint.pkl to convert")
+    if os.path.exists(os.path.join(out_dir, CHECKPOINT)):   # converted before, and maybe trained on since
+        raise UsageError(f"{out_dir} already holds {CHECKPOINT}, which is read instead of checkpoint.pkl; "
+                         "nothing was overwritten (delete checkpoint.pkl)")
     print(f"warning: unpickling {path} runs any code it carries; convert only files you trust", file=sys.stderr)
     with locked(out_dir):
         try:
@@ -225,11 +228,11 @@ def report(paths):
         except UsageError as e:
             print(f"warning: skipped: {e}", file=sys.stderr)
             continue
-        identity = json.dumps({k: v for k, v in r["config"].items() if k != "device"}, sort_keys=True)
-        if identity in seen:
-            print(f"warning: skipped {d}: the same run as {seen[identity]}", file=sys.stderr)
+        run_key = json.dumps({k: v for k, v in r["config"].items() if k != "device"}, sort_keys=True)
+        if run_key in seen:
+            print(f"warning: skipped {d}: the same run as {seen[run_key]}", file=sys.stderr)
             continue
-        seen[identity] = d
+        seen[run_key] = d
         m = ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in r["metrics"].items())
         mc = r["config"].get("model_config", {})   # the data options that tell runs of one task apart
         data = ", ".join(f"{k} {mc[k]}" for k in ("split", "train_size", "searches", "retrievals") if mc.get(k))

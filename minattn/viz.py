@@ -15,8 +15,8 @@ picks one by whether matplotlib is installed.
     pictures = viz.encoder_pictures(model, ids, lengths, tokens, "ctl / ndr: 101 d a b")
     viz.write_pictures(pictures, "runs/ctl-ndr-cpu-s0/plots")   # PNGs, or text without matplotlib
 
-``train.py --plot`` does this for a checkpoint. Nothing in the library imports this file, and matplotlib is
-imported only inside the PNG renderer, so it stays an optional extra (``pip install -e .[plot]``).
+``train.py --plot`` does this for a checkpoint, through each recipe's ``plot_examples`` (minattn/recipes/,
+the only part of the library that imports this file). matplotlib is imported only inside the PNG renderer, so it stays an optional extra (``pip install -e .[plot]``).
 Collectors move data to the host explicitly, with one ``backend.to_numpy`` per picture (plus one for a
 prediction shown in a title), so they run unchanged on a GPU.
 """

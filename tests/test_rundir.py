@@ -214,6 +214,9 @@ def test_ctrl_c_before_the_first_checkpoint_does_not_promise_one(tmp_path, capsy
     monkeypatch.setattr(train, "train", interrupted)
     code, err = run(TINY + ["--out", str(tmp_path)], capsys)
     assert code == 130 and "nothing to resume" in err and "intact" not in err
+    monkeypatch.setattr(train, "evaluate_checkpoint", interrupted)      # not training: no word on checkpoints
+    code, err = run(["--evaluate", "--out", str(tmp_path)], capsys)
+    assert code == 130 and err == "interrupted\n"
 
 
 def test_generating_a_task_says_so_on_stderr(tmp_path, capsys):
@@ -278,3 +281,6 @@ def test_an_old_pickle_checkpoint_is_refused_and_converted_only_on_request(tmp_p
         np.testing.assert_array_equal(again["model"][k], ckpt["model"][k])
     assert again["history"] == ckpt["history"] and again["step"] == 2
     assert run(TINY + ["--steps", "4", "--out", str(out), "--resume"], capsys)[0] == 0
+    code, err = run(["--convert", str(out)], capsys)       # again: the old pickle must not replace step 4
+    one_line_error(code, err)
+    assert "already holds checkpoint.npz" in err and train.load_checkpoint(str(out / "checkpoint.npz"))["step"] == 4

@@ -206,6 +206,7 @@ def test_training_cli_reports_sequence_accuracy_per_split(tmp_path, capsys):
 
 @pytest.mark.parametrize("args,message", [
     (["--task", "scan", "--model", "seq2attn"], "needs a split"),
+    (["--task", "scan", "--model", "seq2attn", "--show-config"], "needs a split"),
     (["--task", "scan", "--model", "seq2attn", "--split", "filler9"], "unknown SCAN split"),
     (["--task", "lookup", "--model", "seq2attn", "--split", "length"], "drop --split"),
     (["--task", "ctl", "--model", "ndr", "--split", "length"], "has no --split"),
@@ -215,3 +216,10 @@ def test_training_cli_errors_are_one_line(tmp_path, capsys, args, message):
     assert train.main(args + ["--out", str(tmp_path)] + (TINY_RUN if args[1] != "ctl" else [])) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_scan_without_a_split_says_so_not_that_steps_are_zero(tmp_path, capsys):
+    """Its step count is counted in epochs of the split: without one the error is the missing split."""
+    assert train.main(["--task", "scan", "--model", "seq2attn", "--no-progress", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "needs a split" in err and "steps" not in err

@@ -485,3 +485,9 @@ def test_cli_unknown_task():
     p = subprocess.run([sys.executable, script, "stats", "--task", "nope"], capture_output=True, text=True)
     assert p.returncode == 2 and "unknown task 'nope'" in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
+
+
+def test_cli_unknown_task_option_names_the_valid_ones(capsys):
+    assert tasks.main(["stats", "--task", "arith", "--set", "n_trian=100"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no option 'n_trian'" in err and "n_train" in err.split("valid:")[1]

@@ -116,7 +116,7 @@ def test_checkpoints_are_never_overwritten_by_another_run(tmp_path, capsys):
     code, err = run(TINY + ["--steps", "2", "--out", out], capsys)                 # no --resume
     assert code == 2 and "--resume" in err
     code, err = run(TINY + ["--steps", "4", "--out", out, "--resume", "--set", "d_model=32"], capsys)
-    assert code == 2 and "different run" in err and "model_config" in err
+    assert code == 2 and "different run" in err and "differs in: d_model)" in err
     assert open(tmp_path / "checkpoint.npz", "rb").read() == before
 
 

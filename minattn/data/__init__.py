@@ -10,7 +10,7 @@ Every task is generated in code from a seed (no downloads) and holds fixed data:
     split.describe()                      a one-line summary after the size (what ``tasks.py stats`` prints)
     task.export_files()                   {file name: lines}: one file per split (+ objects.tsv for object tasks)
 
-On top of that, each kind of task carries what its models read; train.py uses these directly:
+On top of that, each kind of task carries what its models read; the recipes (minattn/recipes/) use these directly:
 
     kind (module)                         tasks                     a split holds             batches
     token classification (ndr, listops)   ctl, ctl-backward,        inputs (Ragged), labels,  batches(split, ...),

@@ -213,7 +213,8 @@ class ArithTask(ClassificationTask):
     balanced part (the basic 200 come on top) and may be shrunk for tests.
 
     Readout: NDR and "+ abs/rel + gate" read EOS; the official code's "Transformer" and "+ rel"
-    arithmetic baselines read SOS instead (docs/ndr.md §1) -- train.py chooses per model.
+    arithmetic baselines read SOS instead (docs/ndr.md §1) -- the preset chooses per model
+    (``readout`` in minattn/recipes/ndr.py).
     """
     name = "arith"
     DIGITS = [str(i) for i in range(10)]

@@ -16,7 +16,7 @@ from .base import Recipe, RunConfig, UsageError, example_name, plot_sample, samp
 
 @dataclasses.dataclass
 class SortConfig(abstractor.AbstractorConfig):
-    """The sorting models' settings (AbstractorConfig; transformer-seq2seq reads only its Seq2SeqConfig
+    """The sorting models' settings (AbstractorConfig; transformer-seq2seq reads only its EncoderDecoderConfig
     fields) plus the run's. Unless --steps / --eval-every are given, both are counted in epochs."""
     train_size: int = 500          # training sequences, sampled from the 70,000 pool with the run's seed
     epochs: int = 400

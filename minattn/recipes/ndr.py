@@ -104,8 +104,8 @@ for _task in ("arith", "listops"):
 # ndr 2,650 (1,240 at batch 64). The copy-gated models apply their layer 14–20 times, so they get fewer steps.
 CPU_STEPS = {"ctl": 5000, "arith": 2500, "listops": 2000}
 CPU_STEPS_GATED = {"ctl": 5000, "arith": 1200, "listops": 1200}
-# The gated models' sizes; NDR's from the PyTorch calibration run. d_ff = 4·d, as the official code
-# hard-wires for the "+ gate" layer (§4.3).
+# The gated models' sizes: NDR's from the PyTorch calibration run (d_ff = 2·d, as in its paper rows); the
+# "+ gate" baselines' d_ff = 4·d, as the official code hard-wires for their layer (§4.3).
 CPU_GATED = {
     "ndr": dict(d_model=128, d_ff=256, n_head=1, dropout=0.3, attention_dropout=0.1, gate_dropout=0.1),
     "transformer-rel-gate": dict(d_model=128, d_ff=512, n_head=1, dropout=0.3, attention_dropout=0.1),
@@ -118,8 +118,9 @@ def cpu_preset(task, model):
     gated = model in CPU_GATED
     cpu = dataclasses.replace(PAPER[task, model], batch_size=128, lr=3e-4, eval_every=500,
                               steps=(CPU_STEPS_GATED if gated else CPU_STEPS)[task])
-    if task == "ctl":   # with 30× fewer samples, CTL's rare shallow samples (1% of train) are learned too
-        cpu = dataclasses.replace(cpu, batching="balanced")   # late: each batch draws one depth, uniformly
+    if task == "ctl":   # 24× fewer samples seen (5,000 × 128, not 30,000 × 512): CTL's rare shallow samples
+        cpu = dataclasses.replace(cpu, batching="balanced")   # (1% of train) are learned too late, so each
+                                                              # batch draws one depth, uniformly
     if task == "listops" and gated:   # ListOps: the gated models halve the batch ...
         cpu = dataclasses.replace(cpu, batch_size=64)
     elif task == "listops":           # ... the others shrink to d = 128

@@ -7,7 +7,7 @@ import functools
 import numpy as np
 
 from .. import backend, viz
-from ..data import get_task, scan_split
+from ..data import SCAN_SPLITS, get_task, scan_split
 from ..engine import eval_mode, no_grad
 from ..models import seq2attn
 from .base import Recipe, RunConfig, UsageError, example_name, plot_sample, sample_name
@@ -56,11 +56,11 @@ def seq2seq_config(task, model, preset, split=""):
     if preset == "cpu":
         sizes.update(d_embedding=CPU_SIZE[task], d_hidden=CPU_SIZE[task])
         epochs = CPU_EPOCHS[task]
-    steps = epochs * -(-n_train // batch)
+    steps = epochs * -(-n_train // batch) if n_train else None   # None: SCAN without a split (Seq2Seq refuses it)
     mc = Seq2SeqConfig(**seq2attn.MODELS[model], **sizes, split=split)
     return RunConfig(task=task, model=model, preset=preset, steps=steps, batch_size=batch, lr=1e-3, weight_decay=0.0,
                      grad_clip=5.0, batching="shuffled" if task == "lookup" else "bucketed",
-                     eval_every=100 if task == "lookup" else max(1, steps // 10), model_config=mc)
+                     eval_every=100 if task == "lookup" else steps and max(1, steps // 10), model_config=mc)
 
 
 class Seq2Seq(Recipe):
@@ -84,6 +84,8 @@ class Seq2Seq(Recipe):
 
     def __init__(self, cfg):
         super().__init__(cfg)
+        if cfg.task == "scan" and not cfg.model_config.split:   # before anything reads its step count
+            raise UsageError(f"scan needs a split: --split one of {', '.join(SCAN_SPLITS)}")
         self.select_split = "validation_loss" if cfg.task == "lookup" else None
 
     def load_task(self):
