@@ -381,7 +381,7 @@ def families():
 
 def table(only=None):
     """Rows of launches per training step by phase, and syncs, for each family."""
-    print(f"launches per training step on the counting device (tests/counting.py; ~10–15 µs each on a GPU)")
+    print("launches per training step on the counting device (tests/counting.py; ~10–15 µs each on a GPU)")
     print(f"        {'model':32s} {'forward':>8s} {'backward':>9s} {'clipping':>9s} {'optimizer':>10s} "
           f"{'total':>7s} {'syncs':>6s}")
     for label, build in families():
