@@ -30,6 +30,8 @@ import numpy as np
 
 from minattn import backend
 
+from .strict import add_operators
+
 
 class HostConversionError(TypeError):
     pass
@@ -200,40 +202,7 @@ class CountingArray:
         self._a[_unwrap(index)] = _unwrap(value)
 
 
-def _inplace(name):
-    def iop(self, other):  # returns the array itself, as NumPy and CuPy do (``a -= b`` keeps ``a``)
-        getattr(np, name)(self, other, out=(self,))
-        return self
-    return iop
-
-
-def _binop(name):
-    ufunc = getattr(np, name)
-
-    def op(self, other):
-        if getattr(other, "__array_ufunc__", False) is None:
-            return NotImplemented  # let e.g. Tensor.__rmul__ handle it, as NumPy and CuPy do
-        return ufunc(self, other)
-
-    def rop(self, other):
-        return ufunc(other, self)
-    return op, rop
-
-
-for _op, _uf in [("add", "add"), ("sub", "subtract"), ("mul", "multiply"), ("truediv", "true_divide"),
-                 ("matmul", "matmul"), ("pow", "power"), ("mod", "remainder"), ("and", "logical_and"),
-                 ("or", "logical_or")]:
-    _f, _rf = _binop(_uf)
-    setattr(CountingArray, f"__{_op}__", _f)
-    setattr(CountingArray, f"__r{_op}__", _rf)
-    setattr(CountingArray, f"__i{_op}__", _inplace(_uf))
-for _op, _uf in [("lt", "less"), ("le", "less_equal"), ("gt", "greater"), ("ge", "greater_equal"),
-                 ("eq", "equal"), ("ne", "not_equal")]:
-    setattr(CountingArray, f"__{_op}__", lambda self, other, _uf=_uf: getattr(np, _uf)(self, other))
-CountingArray.__neg__ = lambda self: np.negative(self)
-CountingArray.__abs__ = lambda self: np.abs(self)
-CountingArray.__invert__ = lambda self: np.invert(self)
-CountingArray.__hash__ = None
+add_operators(CountingArray)
 
 
 class _CountingRandomState:

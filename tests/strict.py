@@ -114,20 +114,26 @@ def _binop(name):
     return op, rop
 
 
-for _op, _uf in [("add", "add"), ("sub", "subtract"), ("mul", "multiply"), ("truediv", "true_divide"),
-                 ("matmul", "matmul"), ("pow", "power"), ("mod", "remainder"), ("and", "logical_and"),
-                 ("or", "logical_or")]:
-    _f, _rf = _binop(_uf)
-    setattr(StrictArray, f"__{_op}__", _f)
-    setattr(StrictArray, f"__r{_op}__", _rf)
-    setattr(StrictArray, f"__i{_op}__", _inplace(_uf))
-for _op, _uf in [("lt", "less"), ("le", "less_equal"), ("gt", "greater"), ("ge", "greater_equal"),
-                 ("eq", "equal"), ("ne", "not_equal")]:
-    setattr(StrictArray, f"__{_op}__", lambda self, other, _uf=_uf: getattr(np, _uf)(self, other))
-StrictArray.__neg__ = lambda self: np.negative(self)
-StrictArray.__abs__ = lambda self: np.abs(self)
-StrictArray.__invert__ = lambda self: np.invert(self)
-StrictArray.__hash__ = None
+def add_operators(cls):
+    """Give a wrapper class with ``__array_ufunc__`` Python's operators, each one NumPy ufunc call (so
+    the wrapper sees it). Shared with the counting device (tests/counting.py)."""
+    for op, uf in [("add", "add"), ("sub", "subtract"), ("mul", "multiply"), ("truediv", "true_divide"),
+                   ("matmul", "matmul"), ("pow", "power"), ("mod", "remainder"), ("and", "logical_and"),
+                   ("or", "logical_or")]:
+        f, rf = _binop(uf)
+        setattr(cls, f"__{op}__", f)
+        setattr(cls, f"__r{op}__", rf)
+        setattr(cls, f"__i{op}__", _inplace(uf))
+    for op, uf in [("lt", "less"), ("le", "less_equal"), ("gt", "greater"), ("ge", "greater_equal"),
+                   ("eq", "equal"), ("ne", "not_equal")]:
+        setattr(cls, f"__{op}__", lambda self, other, _uf=uf: getattr(np, _uf)(self, other))
+    cls.__neg__ = lambda self: np.negative(self)
+    cls.__abs__ = lambda self: np.abs(self)
+    cls.__invert__ = lambda self: np.invert(self)
+    cls.__hash__ = None
+
+
+add_operators(StrictArray)
 
 
 class _StrictRandomState:
