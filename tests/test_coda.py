@@ -208,6 +208,23 @@ def test_mean_gate_counts_only_valid_entries_and_leaves_no_log_behind():
     assert att.gate_log is None
 
 
+def test_gate_statistics_count_the_valid_entries_that_erase_and_keep():
+    x, key_mask = Tensor(_normal(2, 5, 8)), np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)
+    closed = CoDAttention(8, 2, beta=50.0)              # far pairs: the gate 2σ(N) is ~0 almost everywhere
+    with no_grad():
+        mean, low, high = coda.gate_statistics(closed, lambda: closed(x, key_mask=key_mask))["all"]
+        assert low > 0.9 and high == 0.0 and mean < 0.1
+        att = CoDAttention(8, 2, beta=0.1, gate="centered")
+        stats = coda.gate_statistics(att, lambda: (att(x, key_mask=key_mask), att(x, key_mask=key_mask)))
+        att.record = True
+        att(x, key_mask=key_mask)
+    g = att.last_gate.data
+    valid = g[np.broadcast_to(key_mask[:, None, :, None] & key_mask[:, None, None, :], g.shape)]
+    expected = (valid.mean(), (valid < 0.1).mean(), (valid > 0.9).mean())   # two identical calls: same shares
+    assert stats["attention"] == pytest.approx(expected, rel=1e-5) and stats["all"] == stats["attention"]
+    assert att.gate_log is None
+
+
 # --- the pairwise form (paper Eqs. 1–7) ---------------------------------------------------------------------
 
 def test_pairwise_form_pools_the_raw_sequences():
@@ -310,6 +327,13 @@ def test_mlu_training_logs_the_gate_and_resumes_exactly(tmp_path, capsys):
     for name in a["model"]:
         np.testing.assert_array_equal(a["model"][name], b["model"][name], err_msg=name)
     assert a["optimizer"]["lr"] == b["optimizer"]["lr"] == pytest.approx(1e-3 * math.sqrt(3 / 4))   # warm-up, decay
+    capsys.readouterr()
+    assert train.main(["--analyze", "--out", straight]) == 0          # the gate per attention of the trained run
+    table = capsys.readouterr().out.splitlines()
+    assert table[1].split() == ["attention", "mean", "<", "0.1", ">", "0.9"]
+    rows = {line.split()[0]: [float(v) for v in line.split()[1:]] for line in table[2:]}
+    assert set(rows) == {"encoder.0.attn", "decoder.0.self_attn", "decoder.0.cross.0", "all"}
+    assert all(0 < mean <= 1 and 0 <= low <= 1 and 0 <= high <= 1 for mean, low, high in rows.values())
 
 
 def test_transformer_coda_is_the_transformer_run_with_coda_options(tmp_path, capsys):

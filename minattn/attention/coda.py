@@ -33,7 +33,7 @@ import numpy as np
 
 from .. import backend
 from .. import functional as F
-from ..engine import Function, Tensor
+from ..engine import Function
 from ..nn import Linear, Module
 from .multihead import MultiHeadAttention, attention_mask
 
@@ -168,7 +168,8 @@ class CoDAttention(MultiHeadAttention):
     """CoDA in the Transformer (paper Eq. 10): MultiHeadAttention's projections and interface (key_mask,
     causal, context, kv, return_weights, record → ``last_weights`` = M and ``last_gate``), with softmax
     replaced by the quasi-attention M; no new parameters. While ``gate_log`` is a list, every call appends
-    its mean gate over valid entries (``mean_gate``): at β = 1 the gate starts almost closed (docs/coda.md §3)."""
+    its gate and the mask of its valid entries (``mean_gate``, ``gate_statistics``): at β = 1 the gate
+    starts almost closed (docs/coda.md §3)."""
     last_gate = gate_log = None
 
     def __init__(self, d_model, n_head, attention_dropout=0.0, rng=None, d_head=None, bias=False, alpha=1.0,
@@ -201,25 +202,47 @@ class CoDAttention(MultiHeadAttention):
         if self.record:
             self.last_weights, self.last_gate = M, g
         if self.gate_log is not None:
-            self.gate_log.append(masked_mean(Tensor(g.data), stats, None).data)   # a constant: no graph
+            self.gate_log.append((g.data, stats))    # arrays, not the graph: read after the forward pass
         y = (self.dropout(M) @ v).transpose(0, 2, 1, 3).reshape(B, T, H * dh)
         y = self.out(y)
         return (y, M) if return_weights else y
 
 
-def mean_gate(model, run):
-    """Mean gate of every CoDAttention call that ``run()`` makes in ``model`` (each call's mean over its
-    valid entries, averaged over calls): the number the training logs report as ``gate_mean``."""
-    mods = list({id(m): m for _, m in model.named_modules() if isinstance(m, CoDAttention)}.values())
-    for m in mods:
+def gate_values(model, run):
+    """{module name: its gate entries that count (valid keys and queries), as one host array} for every
+    CoDAttention call that ``run()`` makes in ``model`` (a module called several times: all calls)."""
+    mods = {}
+    for name, m in model.named_modules():
+        if isinstance(m, CoDAttention) and all(m is not other for other in mods.values()):
+            mods[name.rstrip(".") or "attention"] = m
+    for m in mods.values():
         m.gate_log = []
     try:
         run()
-        means = [backend.to_numpy(v).item() for m in mods for v in m.gate_log]
+        out = {}
+        for name, m in mods.items():
+            calls = [(backend.to_numpy(g), None if s is None else backend.to_numpy(s)) for g, s in m.gate_log]
+            out[name] = [g.ravel() if s is None else g[np.broadcast_to(s, g.shape)] for g, s in calls]
     finally:
-        for m in mods:
+        for m in mods.values():
             m.gate_log = None
+    return out
+
+
+def mean_gate(model, run):
+    """Mean gate of every CoDAttention call that ``run()`` makes in ``model`` (each call's mean over its
+    valid entries, averaged over calls): the number the training logs report as ``gate_mean``."""
+    means = [v.mean() for calls in gate_values(model, run).values() for v in calls if v.size]
     return float(np.mean(means)) if means else float("nan")
+
+
+def gate_statistics(model, run, low=0.1, high=0.9):
+    """{module name: (mean gate, share of entries < low, share > high)} over every call ``run()`` makes,
+    and the same over all modules ("all"): does the gate keep or erase (near 1 or 0, the paper's argument,
+    docs/coda.md §3) or stay soft in between?"""
+    values = {name: np.concatenate(calls) for name, calls in gate_values(model, run).items() if calls}
+    values["all"] = np.concatenate(list(values.values()))
+    return {name: (float(v.mean()), float((v < low).mean()), float((v > high).mean())) for name, v in values.items()}
 
 
 class PairwiseCoDA(Module):

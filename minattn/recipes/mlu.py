@@ -132,12 +132,27 @@ class MLU(Recipe):
                 result[name] = round(float(backend.to_numpy(correct)) / len(split), 5)
         return result
 
+    def _gate_run(self, model):
+        """A teacher-forced pass over the first 256 validation pairs, for the gate's statistics."""
+        src, src_mask, tgt_in, _ = self._arrays(next(_prefix(self.task.splits["valid"], 256).eval_batches(256)))
+        return lambda: model(src, tgt_in, src_mask)
+
     def log_extra(self, model):
         if self.cfg.model != "transformer-seq2seq-coda":
             return {}
-        src, src_mask, tgt_in, _ = self._arrays(next(_prefix(self.task.splits["valid"], 256).eval_batches(256)))
         with no_grad(), eval_mode():
-            return {"gate_mean": round(coda.mean_gate(model, lambda: model(src, tgt_in, src_mask)), 4)}
+            return {"gate_mean": round(coda.mean_gate(model, self._gate_run(model)), 4)}
+
+    def analyze(self, model):
+        """CoDA's gate per attention on 256 validation pairs (teacher forcing): its mean, and the shares of
+        entries that erase (< 0.1) or keep (> 0.9), the near-binary gate the paper argues for (docs/coda.md §3)."""
+        if self.cfg.model != "transformer-seq2seq-coda":
+            raise UsageError("the analysis shows CoDA's gate: train transformer-seq2seq-coda")
+        with no_grad(), eval_mode():
+            stats = coda.gate_statistics(model, self._gate_run(model))
+        rows = [f"{name:24s} {mean:6.3f} {low:8.3f} {high:8.3f}" for name, (mean, low, high) in stats.items()]
+        return ("CoDA gate on 256 validation pairs (entries of valid queries and keys)\n"
+                f"{'attention':24s} {'mean':>6s} {'< 0.1':>8s} {'> 0.9':>8s}\n" + "\n".join(rows))
 
     def plot_examples(self, model, texts):
         """Encoder attention and, for CoDA, tanh(E), the gate and M of every layer and head with their
