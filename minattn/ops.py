@@ -905,11 +905,11 @@ def check_ids(ids, n, what="id", ignore_index=None):
 
 
 def _checked_ids(ids, n, what, like, ignore_index=None):
-    """Host ids: checked, then moved to the device of ``like`` (a Tensor). Device ids pass unchecked."""
+    """Host ids: checked, then moved to the device of ``like``. Device ids pass unchecked."""
     if type(ids) is not np.ndarray:
         return ids
     check_ids(ids, n, what, ignore_index)
-    return to_device(ids, device_of(like.data)) if device_of(like.data) != "cpu" else ids
+    return to_device(ids, device_of(like.data if isinstance(like, Tensor) else like))   # a no-op on the host
 
 
 def embedding(weight, ids):
