@@ -94,6 +94,19 @@ def golden_run(task, model, tmp_path, monkeypatch):
     return losses, params
 
 
+# Biases whose exact gradient is 0, in whole or in part, because a softmax ignores a shift of all its
+# scores: a key bias adds q·b to every score of a query (key.bias, the key halves of the fused b_kv and
+# b_qk), the additive attention's output bias adds b2 to every score (attention.w2.bias). In float32 that
+# gradient is rounding noise that depends on the machine's BLAS kernels, and Adam normalises the noise into
+# lr-sized steps, so their values after 3 steps say nothing about the code: on two x86 machines with the
+# same NumPy they differed by up to 2,000x RTOL. Their other halves still shape the losses compared below.
+SHIFT_INVARIANT = ("key.bias", "key_search.bias", "b_kv", "b_qk", "attention.w2.bias")
+# A parameter's sum can cancel to ~0, and entries with a nearly shift-invariant gradient (e.g. the columns
+# of Transformer-XL's W_r that meet the slowest sinusoids, nearly constant over positions) move by rounding
+# noise too: sums get an absolute tolerance of SUM_ATOL x the parameter's norm.
+SUM_ATOL = 1e-3
+
+
 def test_golden_runs_are_unchanged(tmp_path, monkeypatch):
     runs = {}
     for task in RUN_TASKS:
@@ -109,8 +122,9 @@ def test_golden_runs_are_unchanged(tmp_path, monkeypatch):
             np.testing.assert_allclose(act["losses"], exp["losses"], rtol=RTOL, err_msg=f"{key}: losses")
             assert sorted(act["params"]) == sorted(exp["params"]), f"{key}: parameter names changed"
             for name, values in exp["params"].items():
-                # a sum can cancel to ~0, so it also gets an absolute tolerance relative to the norm
-                np.testing.assert_allclose(act["params"][name][0], values[0], rtol=RTOL, atol=RTOL * values[1],
+                if name.endswith(SHIFT_INVARIANT):
+                    continue
+                np.testing.assert_allclose(act["params"][name][0], values[0], rtol=RTOL, atol=SUM_ATOL * values[1],
                                            err_msg=f"{key}: sum of {name}")
                 np.testing.assert_allclose(act["params"][name][1], values[1], rtol=RTOL,
                                            err_msg=f"{key}: norm of {name}")
