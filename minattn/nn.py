@@ -7,6 +7,7 @@ attributes are buffers (e.g. a position table) and move with ``.to(device)``.
 Weights are created on the host from an explicit ``numpy.random.Generator`` and then moved, so a
 model initialises identically on CPU and GPU. Linear weights are stored (in, out): ``y = x @ W + b``.
 """
+import contextlib
 import math
 
 import numpy as np
@@ -100,6 +101,31 @@ class Module:
             if "rng" in vars(m):
                 m.rng = rng
         return self
+
+    # --- weights built from parameters, once per shared-layer pass ---------------------------------
+    @contextlib.contextmanager
+    def sharing(self):
+        """Inside, ``once(name, make)`` of this module and its submodules returns what ``make()`` gave the
+        first time. A shared layer applied n times (UniversalEncoder) builds the tensors it derives from
+        its parameters (two weight matrices side by side) once per pass instead of n times: on a GPU
+        each is a launch forward and back. Outside, ``once`` calls ``make()`` every time, so a parameter
+        changed in place (an optimizer step, a gradient check) is always seen."""
+        fresh = [m for _, m in self.named_modules() if "_once" not in vars(m)]   # nested scopes: the outer one's
+        for m in fresh:
+            m._once = {}
+        try:
+            yield self
+        finally:
+            for m in fresh:
+                del m._once
+
+    def once(self, name, make):
+        cache = vars(self).get("_once")
+        if cache is None:
+            return make()
+        if name not in cache:
+            cache[name] = make()
+        return cache[name]
 
     # --- (de)serialisation -------------------------------------------------------------------------
     def state_dict(self):

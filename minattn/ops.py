@@ -13,7 +13,7 @@ speed; ``tests/test_ops.py`` checks them against their composite definitions.
 import numpy as np
 
 from .backend import array_module, device_of, to_device
-from .engine import Deferred, Function, Tensor
+from .engine import Deferred, Function, Tensor, sum_to
 
 
 def _is_scalar(x):
@@ -494,6 +494,33 @@ class Outer(Deferred):
         return _mm(xp.concatenate([i.a for i in items]).swapaxes(-1, -2), xp.concatenate([i.g for i in items]))
 
 
+class ProductSum(Deferred):
+    """a ⊙ b summed to ``shape``: the gradient of a scale (a layer norm's weight, geometric attention's α),
+    evaluated by the engine. The n products of a shared layer's scale are one product of stacked inputs
+    (4 array operations, not n + 2). Made only off NumPy (see engine.Deferred)."""
+    __slots__ = ("a", "b")
+
+    def __init__(self, a, b, shape):
+        self.a, self.b, self.shape, self.dtype = a, b, tuple(shape), a.dtype
+
+    @staticmethod
+    def total(items):
+        first = items[0]
+        if len(items) == 1 or any(i.a.shape != first.a.shape or i.b.shape != first.b.shape for i in items):
+            total = sum_to(first.a * first.b, first.shape)
+            for i in items[1:]:
+                total = total + sum_to(i.a * i.b, i.shape)
+            return total
+        xp = array_module(first.a)
+        return sum_to(xp.stack([i.a for i in items]) * xp.stack([i.b for i in items]), first.shape)
+
+
+def scale_grad(gy, x, shape):
+    """The gradient gy ⊙ x of a scale of shape ``shape`` that multiplied x: unreduced on NumPy (the engine
+    sums it), a ProductSum elsewhere."""
+    return gy * x if type(gy) is np.ndarray else ProductSum(gy, x, shape)
+
+
 def _mm(a, b):
     # NumPy's matmul skips BLAS when the inner dimension is 1 (an outer product, e.g. a weight
     # gradient at batch 1): 7× slower there than dot, which is the same product for 2-D arrays.
@@ -662,12 +689,46 @@ class Slices(Deferred):
 
     @staticmethod
     def total(items):
+        tiles = _tiling(items)
+        if tiles is not None:   # the slices cover the tensor once (q | k | v): their gradients side by side
+            axis, kind, gs = tiles
+            return getattr(array_module(gs[0]), kind)(gs, axis=axis)
         gx = array_module(items[0].g).zeros(items[0].shape, dtype=items[0].dtype)
         gx[items[0].index] = items[0].g
         for item in items[1:]:
             view = gx[item.index]
             view += item.g        # not gx[index] += g: that also writes the view back, a second copy
         return gx
+
+
+def _tiling(items):
+    """(axis, "stack" or "concatenate", gradients in order) when every index is ``[:, ..., :, i]`` with i an
+    int (x[0], x[1], ...) or a step-1 slice (x[:, :C], x[:, C:]) on one axis, and they cover that axis
+    exactly once; else None."""
+    axis = len(items[0].index) - 1
+    if axis >= len(items[0].shape):
+        return None
+    n, spans = items[0].shape[axis], []
+    for item in items:
+        *lead, last = item.index
+        if len(lead) != axis or any(not isinstance(i, slice) or i != slice(None) for i in lead):
+            return None
+        if isinstance(last, slice):
+            start, stop, step = last.indices(n)
+            if step != 1:
+                return None
+        elif isinstance(last, (int, np.integer)) and -n <= last < n:
+            start = last % n
+            stop = start + 1
+        else:
+            return None
+        spans.append((start, stop, isinstance(last, slice), item.g))
+    spans.sort(key=lambda span: span[0])
+    kinds = {span[2] for span in spans}
+    if len(kinds) > 1 or spans[0][0] != 0 or spans[-1][1] != n or any(
+            a[1] != b[0] for a, b in zip(spans, spans[1:])):
+        return None
+    return axis, "concatenate" if kinds.pop() else "stack", [span[3] for span in spans]
 
 
 class Concat(Function):
@@ -829,8 +890,8 @@ class LayerNorm(Function):
     def backward(self, gy):
         xhat = self.xhat
         # weight and bias get gy ⊙ x̂ and gy unreduced: the engine sums them over the leading axes, all
-        # applications of a shared layer's norm in one reduction (engine.SumTo)
-        gw, gb = gy * xhat, gy
+        # applications of a shared layer's norm in one reduction (engine.SumTo, ProductSum)
+        gw, gb = scale_grad(gy, xhat, self.weight.shape), gy
         gh = gy * self.weight
         gx = self.rstd * (gh - gh.mean(axis=-1, keepdims=True) - xhat * (gh * xhat).mean(axis=-1, keepdims=True))
         return gx, gw, gb

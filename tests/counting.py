@@ -63,12 +63,13 @@ class Counter:
 
 COUNTER = Counter()
 _HERE = os.path.abspath(__file__)
+_SKIP = {_HERE, os.path.join(os.path.dirname(_HERE), "strict.py")}   # add_operators wraps operators there
 
 
 def _site():
     """file:line of the innermost minattn (or caller) frame that is not this file."""
-    for fr in reversed(traceback.extract_stack(limit=12)[:-2]):
-        if os.path.abspath(fr.filename) != _HERE and "numpy" not in fr.filename:
+    for fr in reversed(traceback.extract_stack(limit=14)[:-2]):
+        if os.path.abspath(fr.filename) not in _SKIP and "numpy" not in fr.filename:
             return f"{os.path.basename(fr.filename)}:{fr.lineno} {fr.name}"
     return "?"
 
@@ -367,7 +368,7 @@ if __name__ == "__main__":
         COUNTER.detail = True
         model, loss_fn, opt, clip, rng = dict(families())[sys.argv[2]]() if len(sys.argv) > 2 else ndr_ctl_step()
         count_step(model, loss_fn, opt, clip, rng)
-        for (ph, site, what), n in sorted(COUNTER.sites.items(), key=lambda kv: -kv[1])[:60]:
+        for (ph, site, what), n in sorted(COUNTER.sites.items(), key=lambda kv: -kv[1])[:int(os.environ.get("TOP", 60))]:
             print(f"{n:6d}  {ph:9s} {site:50s} {what}")
         print(dict(COUNTER.launches), dict(COUNTER.syncs))
     else:

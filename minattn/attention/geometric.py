@@ -25,6 +25,7 @@ import numpy as np
 from .. import backend
 from .. import functional as F
 from ..engine import Function
+from ..ops import scale_grad
 from ..nn import Dropout, Linear, Module, Parameter, head_size, uniform
 
 MASKED = -1e9  # substitute logit for masked keys: σ = 0 exactly, log(1 − σ) = 0 exactly
@@ -67,7 +68,7 @@ class GeometricWeights(Function):
     z_ij + (the sum of m over the keys scanned up to and including j): one cumulative sum in scan order.
     Backward, with g = ∂L/∂log A = ∂L/∂A ⊙ A: ∂L/∂m_ik is the sum of g over the keys scanned from k on,
     and ∂m/∂z = −σ(z) = −exp(ℓ). Masked keys get z = MASKED: σ = 0, m = 0, A = 0, and a gradient of
-    exactly 0 with no mask in the backward. 8 array operations each way; the composite of ops (in
+    exactly 0 with no mask in the backward. 7 array operations forward and 8 back; the composite of ops (in
     tests/reference.py) took 15 forward and 17 back.
     """
 
@@ -84,13 +85,13 @@ class GeometricWeights(Function):
     def forward(self, z):
         xp = backend.array_module(z)
         self.z = xp.where(self.invalid, z.dtype.type(MASKED), z)
-        self.m = -xp.logaddexp(z.dtype.type(0), self.z)
-        self.A = xp.exp(self.z + self._scan_cumsum(self.m))
+        self.softplus = xp.logaddexp(z.dtype.type(0), self.z)             # −m
+        self.A = xp.exp(self.z - self._scan_cumsum(self.softplus))
         return self.A
 
     def backward(self, gA):
         g = gA * self.A
-        return g - self._scan_cumsum(g, reverse=True) * backend.array_module(g).exp(self.z + self.m)
+        return g - self._scan_cumsum(g, reverse=True) * backend.array_module(g).exp(self.z - self.softplus)
 
 
 def geometric_attention_weights(logits, key_mask=None, normalize=False, invalid=None):
@@ -108,7 +109,8 @@ def geometric_attention_weights(logits, key_mask=None, normalize=False, invalid=
 
 class DirectionalLogits(Function):
     """z_ij = α q_i·k_j + β D_ij + γ, D_ij = s→_i if j > i else s←_i (Eqs. 9–10), as one op: 5 array
-    operations forward and 9 back, where the composite took 7 and ~14. Inputs: qk = q kᵀ (B, H, T, T),
+    operations forward and 4 back (plus α's and β's products, evaluated with those of the layer's other
+    applications: ops.ProductSum), where the composite took 7 and ~14. Inputs: qk = q kᵀ (B, H, T, T),
     s = (s←, s→) (B, H, T, 2), α, β, γ (1,). D_ii = s←_i on the (always masked) diagonal."""
 
     def __init__(self, right, sides):
@@ -122,7 +124,8 @@ class DirectionalLogits(Function):
     def backward(self, gz):
         gbs = (gz[..., None, :] * self.sides).sum(axis=-1)              # (B, H, T, 2): Σ_j over each side
         # α, β, γ get their gradients unreduced: the engine sums those of all applications at once
-        return gz * self.alpha, gbs * self.beta, gz * self.qk, gbs * self.s, gbs
+        return (gz * self.alpha, gbs * self.beta, scale_grad(gz, self.qk, self.alpha.shape),
+                scale_grad(gbs, self.s, self.beta.shape), gbs)
 
 
 class GeometricAttention(Module):
@@ -143,13 +146,21 @@ class GeometricAttention(Module):
         self.beta = Parameter(np.ones(1, backend.DEFAULT_DTYPE))
         self.gamma = Parameter(np.zeros(1, backend.DEFAULT_DTYPE))
         self.key_dropout = Dropout(attention_dropout)
+        self.no_kv_bias = np.zeros(2 * d_model, backend.DEFAULT_DTYPE)      # a buffer: k and v have no bias
+
+    def in_projection(self):
+        """[W_q | W_k | W_v | W_s] and [b_q | 0 | 0 | b_s]: q, k, v and s read the same x, so one matmul."""
+        return (F.concat([self.w_qkv, self.direction.weight], axis=1),
+                F.concat([self.b_q.reshape(-1), self.no_kv_bias, self.direction.bias]))
 
     def forward(self, x, key_mask=None, return_weights=False):
         B, T, C = x.shape
         H, dh = self.n_head, self.d_head
-        qkv = (x.reshape(B * T, C) @ self.w_qkv).reshape(B, T, 3, H, dh).transpose(2, 0, 3, 1, 4)
-        q, k, v = qkv[0] + self.b_q, self.key_dropout(qkv[1]), qkv[2]            # (B, H, T, dh) each
-        s = self.direction(x).reshape(B, T, H, 2).transpose(0, 2, 1, 3)           # (B, H, T, 2)
+        W, b = self.once("in_projection", self.in_projection)
+        y = F.linear(x.reshape(B * T, C), W, b)                                   # (B·T, 3C + 2H)
+        qkv = y[:, :3 * C].reshape(B, T, 3, H, dh).transpose(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], self.key_dropout(qkv[1]), qkv[2]                        # (B, H, T, dh) each
+        s = y[:, 3 * C:].reshape(B, T, H, 2).transpose(0, 2, 1, 3)                # (B, H, T, 2): (s←, s→)
         rows, perm, inv, right, sides = constants(T, x.data)
         z = DirectionalLogits(right, sides)(q @ k.swapaxes(-1, -2), s, self.alpha, self.beta, self.gamma)
         A = geometric_attention_weights(z, normalize=self.normalize, invalid=self._invalid(key_mask, T, x.data))
