@@ -202,7 +202,8 @@ class Tensor:
                     prev = t._g      # arrays here may be shared with other inputs: never written into
                     if prev is None:
                         t._g = gx
-                    elif cpu:        # a buffer of t's own, made by the first sum, takes the rest in place
+                    elif cpu and type(prev) is np.ndarray and type(gx) is np.ndarray:
+                        # a buffer of t's own, made by the first sum, takes the rest in place
                         if id(t) in owns:
                             prev += gx
                         else:

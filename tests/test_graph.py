@@ -356,6 +356,8 @@ def test_the_random_graphs_catch_the_old_accumulation_rule(monkeypatch):
             for t, gx in zip(fn.inputs, gxs):
                 if gx is None or not t.requires_grad:
                     continue
+                if isinstance(gx, engine.Deferred):   # a slice's gradient, evaluated at once here
+                    gx = gx.total([gx])
                 gx = engine.sum_to(gx, t.data.shape)
                 if t._g is None:
                     t._g = gx
