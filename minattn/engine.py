@@ -130,7 +130,8 @@ class Tensor:
         freely: an op that passes its gradient through (add, reshape, broadcast...) hands one array
         to several inputs, and ``grad`` itself belongs to the caller. So the engine never adds into
         an incoming gradient. On NumPy it adds a tensor's gradients as they arrive, in place only into
-        a buffer it made for that tensor; on other devices (CuPy) it collects them and sums them when
+        a buffer it made for that tensor (a Deferred one, a slice's, is collected as below); on other
+        devices (CuPy) it collects them and sums them when
         it reaches the tensor, two with one add, more with one stack and one sum: 2 array operations
         instead of one per use, which matters for a shared layer applied 14 times (on a GPU each is a
         kernel launch; see ``_sum_in_order`` for the bits). A leaf keeps a gradient as its ``.grad``
@@ -329,7 +330,8 @@ class Deferred:
     two or three (ops.Outer, ops.Slices, SumTo). ``total(items)`` evaluates a list of them; the sum is
     then taken in another order than one by one (the last bits may differ). NumPy launches no kernels,
     and there concatenating the inputs costs more than it saves: ops make them only off NumPy, where
-    the gradient is not an ``np.ndarray``, so on NumPy the engine computes as it did without them."""
+    the gradient is not an ``np.ndarray``, except ``ops.Slices``, which saves passes over memory on NumPy
+    too (slices that tile an axis: one concatenate instead of a zeros array per slice and the adds)."""
     __slots__ = ("shape", "dtype")
 
 

@@ -109,7 +109,8 @@ class Module:
         first time. A shared layer applied n times (UniversalEncoder) builds the tensors it derives from
         its parameters (two weight matrices side by side) once per pass instead of n times: on a GPU
         each is a launch forward and back. Outside, ``once`` calls ``make()`` every time, so a parameter
-        changed in place (an optimizer step, a gradient check) is always seen."""
+        changed in place (an optimizer step, a gradient check) is always seen. A scope covers one forward
+        pass: what it made belongs to that pass's graph (a second pass or backward in it would reuse it)."""
         fresh = [m for _, m in self.named_modules() if "_once" not in vars(m)]   # nested scopes: the outer one's
         for m in fresh:
             m._once = {}

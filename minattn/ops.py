@@ -13,7 +13,7 @@ speed; ``tests/test_ops.py`` checks them against their composite definitions.
 import numpy as np
 
 from .backend import array_module, device_of, to_device
-from .engine import Deferred, Function, Tensor, sum_to
+from .engine import Deferred, Function, Tensor, _sum_arrays, sum_to
 
 
 def _is_scalar(x):
@@ -507,10 +507,7 @@ class ProductSum(Deferred):
     def total(items):
         first = items[0]
         if len(items) == 1 or any(i.a.shape != first.a.shape or i.b.shape != first.b.shape for i in items):
-            total = sum_to(first.a * first.b, first.shape)
-            for i in items[1:]:
-                total = total + sum_to(i.a * i.b, i.shape)
-            return total
+            return _sum_arrays([sum_to(i.a * i.b, i.shape) for i in items])
         xp = array_module(first.a)
         return sum_to(xp.stack([i.a for i in items]) * xp.stack([i.b for i in items]), first.shape)
 
@@ -654,7 +651,8 @@ class GetItem(Function):
         return x[self.index]
 
     def backward(self, gy):
-        if all(_array_kind(i) is None for i in self.index):   # see engine.Deferred (on NumPy too: fewer passes)
+        # basic indexing (see engine.Deferred); a scalar bool (x[True]) is a mask, not basic
+        if all(_array_kind(i) is None and not isinstance(i, (bool, np.bool_)) for i in self.index):
             return Slices(self.index, gy, self.shape)
         xp = array_module(gy)
         if all(_array_kind(i) in (None, "b") for i in self.index):
@@ -696,8 +694,10 @@ class Slices(Deferred):
         gx = array_module(items[0].g).zeros(items[0].shape, dtype=items[0].dtype)
         gx[items[0].index] = items[0].g
         for item in items[1:]:
-            view = gx[item.index]
-            view += item.g        # not gx[index] += g: that also writes the view back, a second copy
+            # not gx[index] += g: that also writes the view back, a second copy. The trailing ... makes an
+            # all-int index (x[0, 1]) a 0-d view too, not a copy that the += would be lost in.
+            view = gx[item.index if any(i is Ellipsis for i in item.index) else item.index + (Ellipsis,)]
+            view += item.g
         return gx
 
 
@@ -706,7 +706,7 @@ def _tiling(items):
     int (x[0], x[1], ...) or a step-1 slice (x[:, :C], x[:, C:]) on one axis, and they cover that axis
     exactly once; else None."""
     axis = len(items[0].index) - 1
-    if axis >= len(items[0].shape):
+    if not 0 <= axis < len(items[0].shape):
         return None
     n, spans = items[0].shape[axis], []
     for item in items:
@@ -717,7 +717,7 @@ def _tiling(items):
             start, stop, step = last.indices(n)
             if step != 1:
                 return None
-        elif isinstance(last, (int, np.integer)) and -n <= last < n:
+        elif isinstance(last, (int, np.integer)) and not isinstance(last, bool) and -n <= last < n:
             start = last % n
             stop = start + 1
         else:

@@ -202,6 +202,22 @@ def test_slice_gradients_agree_with_numpy_whether_or_not_they_tile(pieces):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("device", ["cpu", "strict"])
+@pytest.mark.parametrize("fn,x,want", [
+    (lambda x: x[0] + x[0], [1., 2, 3], [2, 0, 0]),                 # an int index twice: a 0-d view each
+    (lambda x: x[0] * x[1], [1., 2, 3], [2, 1, 0]),
+    (lambda x: x[0, 1] + x[0, 1], [[1., 2], [3, 4]], [[0, 2], [0, 0]]),
+    (lambda x: x[()] * 2, [1., 2, 3], [2, 2, 2]),                   # an empty index
+    (lambda x: x[()] * 2, 1., 2),                                   # ... of a 0-d tensor
+    (lambda x: x[0] * 3 + x[True].sum(), [1., 2], [4, 1]),          # a scalar bool is a mask, not an int
+])
+def test_basic_index_gradients_in_edge_cases(device, fn, x, want):
+    x = Tensor(backend.to_device(np.array(x), device), requires_grad=True)
+    y = fn(x)
+    y.backward(backend.to_device(np.ones(y.shape), device))
+    np.testing.assert_array_equal(backend.to_numpy(x.grad), want)
+
+
 def test_tiling_slices_cost_one_launch():
     x = Tensor(backend.to_device(np.ones((4, 6), np.float32), "counting"), requires_grad=True)
     parts = [x[:, :2], x[:, 2:]]
