@@ -217,6 +217,12 @@ def finished_run(d):
     return r, log
 
 
+def _cell(v):
+    """A learning-curve entry: floats to 4 decimals (an accuracy 1/12 is 0.0833), a missing or diverged one
+    (None) empty."""
+    return "" if v is None else f"{v:.4f}" if isinstance(v, float) else str(v)
+
+
 def report(paths):
     """Markdown table of finished runs (their results.json) and each run's learning curve. Directories that
     hold no finished run are skipped with a warning; a run is counted once, however often it is listed or
@@ -248,7 +254,7 @@ def report(paths):
         keys = [k for k in log[-1] if k not in ("step", "wall_s")]
         curves.append(f"\n{r['task']} / {r['model']} (seed {r['seed']}, {d}):\n\n| step | " + " | ".join(keys) +
                       " |\n|" + "---|" * (len(keys) + 1) + "\n" +
-                      "\n".join(f"| {e['step']} | " + " | ".join(str(e.get(k, "")) for k in keys) + " |" for e in log))
+                      "\n".join(f"| {e['step']} | " + " | ".join(_cell(e.get(k)) for k in keys) + " |" for e in log))
     if not rows:
         raise UsageError("none of the directories holds a finished run")
     print("| task | model | preset | seed | steps | metrics | best step | train time | ms/step | run directory |")

@@ -1,6 +1,7 @@
 """The training command line: bad input, checkpoints, exact resume, results.json."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -205,6 +206,8 @@ def test_default_run_directory_names_the_data_options(tmp_path, capsys, monkeypa
     table = capsys.readouterr().out
     assert "| pairwise (train_size 20) | abstractor-simplified | cpu | 0 | 2 |" in table
     assert "| pairwise (train_size 30) |" in table and table.count("| step |") == 2
+    curve_rows = [line for line in table.splitlines() if line.startswith("| 2 |")]   # step 2 of each curve
+    assert len(curve_rows) == 2 and all(re.fullmatch(r"\| 2 (\| (\d+\.\d{4})? )+\|", row) for row in curve_rows), curve_rows
     assert "Over seeds" not in table   # two training-set sizes are two experiments, not two seeds of one
     assert train.main(["--report", str(tmp_path)]) == 2 and "no results.json" in capsys.readouterr().err
     run_dir = tmp_path / "runs" / "pairwise-n20-abstractor-simplified-cpu-s0"
