@@ -25,8 +25,8 @@ import numpy as np
 from .. import backend
 from .. import functional as F
 from ..engine import Function
-from ..ops import scale_grad
 from ..nn import Dropout, Linear, Module, Parameter, head_size, uniform
+from ..ops import scale_grad
 
 MASKED = -1e9  # substitute logit for masked keys: σ = 0 exactly, log(1 − σ) = 0 exactly
 
