@@ -6,7 +6,7 @@ from minattn import backend
 from minattn.attention.geometric import (DirectionalLogits, GeometricAttention, constants,
                                         geometric_attention_weights, scan_order)
 from minattn.attention.multihead import MultiHeadAttention
-from minattn.attention.relative import RelativeMultiHeadAttention
+from minattn.attention.relative import RelativeMultiHeadAttention, rel_shift
 from minattn.engine import Tensor, eval_mode, no_grad
 from minattn.models.transformer import ARCHITECTURES, Classifier, EncoderConfig
 
@@ -205,3 +205,21 @@ def test_encoder_settings_out_of_range_are_a_value_error_when_the_model_is_built
     cfg = EncoderConfig(**{"d_model": 8, "d_ff": 8, "n_steps": 2, **setting})
     with pytest.raises(ValueError, match=message):
         Classifier("ndr", 19, 8, cfg)
+
+
+@pytest.mark.parametrize("device", ["cpu", "strict"])
+@pytest.mark.parametrize("T", [1, 2, 5])
+def test_rel_shift_is_the_offset_gather_forward_and_back(device, T):
+    """relative.rel_shift (views) picks what an index table picks: by_offset[..., i, j − i + T − 1]."""
+    rng = np.random.default_rng(T)
+    x, g = rng.standard_normal((2, 3, T, 2 * T - 1)), rng.standard_normal((2, 3, T, T))
+    index = (np.arange(T)[None, :] - np.arange(T)[:, None]) + (T - 1)
+    grads = []
+    for fn in (rel_shift, lambda t: t[:, :, backend.to_device(np.arange(T)[:, None], device),
+                                      backend.to_device(index, device)]):
+        t = Tensor(backend.to_device(x, device), requires_grad=True)
+        y = fn(t)
+        y.backward(backend.to_device(g, device))
+        np.testing.assert_array_equal(backend.to_numpy(y.data), x[:, :, np.arange(T)[:, None], index])
+        grads.append(backend.to_numpy(t.grad))
+    np.testing.assert_array_equal(*grads)

@@ -45,26 +45,21 @@ class RelativeMultiHeadAttention(Module):
         """PE rows for offsets −(T−1)..T−1 (relative) and 0..T−1 (absolute), cached per length."""
         key = (T, backend.device_of(like), like.dtype)
         if key not in self._pe_cache:
-            offsets = np.arange(-(T - 1), T)
-            pe = sinusoidal_positions(offsets, self.d_model, dtype=like.dtype)
-            # index[i, j] picks offset j − i in the (2T−1)-row table
-            index = (np.arange(T)[None, :] - np.arange(T)[:, None]) + (T - 1)
-            self._pe_cache[key] = (backend.to_device(pe, key[1]), backend.to_device(index, key[1]))
+            pe = sinusoidal_positions(np.arange(-(T - 1), T), self.d_model, dtype=like.dtype)
+            self._pe_cache[key] = backend.to_device(pe, key[1])
         return self._pe_cache[key]
 
     def forward(self, x, key_mask=None, causal=False, return_weights=False):
         B, T, C = x.shape
         H, dh = self.n_head, self.d_head
-        pe, index = self._positions(T, x.data)
+        pe = self._positions(T, x.data)
         q = (x.reshape(B * T, C) @ self.w_q).reshape(B, T, H, dh).transpose(0, 2, 1, 3)          # (B, H, T, dh)
         kv = (x.reshape(B * T, C) @ self.w_kv).reshape(B, T, 2, H, dh).transpose(2, 0, 3, 1, 4)
         k, v = self.key_dropout(kv[0]), kv[1]
         r = self.pos_dropout((pe @ self.w_r).reshape(2 * T - 1, H, dh).transpose(1, 0, 2))       # (H, 2T−1, dh)
         content = (q + self.u) @ k.swapaxes(-1, -2)                                              # (a)+(c): (B, H, T, T)
         qv = q + self.v
-        by_offset = qv @ r.swapaxes(-1, -2)                                                      # (B, H, T, 2T−1)
-        rows = backend.array_module(index).arange(T)[:, None]
-        position = by_offset[:, :, rows, index]                                                  # (b)+(d): (B, H, T, T)
+        position = rel_shift(qv @ r.swapaxes(-1, -2))                                            # (b)+(d): (B, H, T, T)
         if self.abs_gate is not None:
             r_abs = r[:, T - 1:]                                  # offsets 0..T−1 = absolute positions j
             absolute = qv @ r_abs.swapaxes(-1, -2)                                               # (B, H, T, T)
@@ -75,3 +70,17 @@ class RelativeMultiHeadAttention(Module):
             self.last_weights = A
         y = self.out((A @ v).transpose(0, 2, 1, 3).reshape(B, T, C))
         return (y, A) if return_weights else y
+
+
+def rel_shift(by_offset):
+    """position[..., i, j] = by_offset[..., i, j − i + T − 1]: the scores of each query against the 2T − 1
+    offsets (−(T−1)..T−1) to those against the T keys, by views alone (Dai et al. 2019, Appendix B's
+    shift). Row i starts at column T − 1 − i, so in the flattened (T, 2T − 1) block the entry (i, j) sits
+    at T − 1 + i·(2T − 2) + j: drop the first T − 1 entries, read rows of 2T − 2, keep the first T columns.
+    A gather with an index table did the same, but its gradient is a scatter-add (on a GPU a one-hot
+    matmul with T²·T(2T − 1) entries); the gradient of views is the same views of zeros."""
+    *lead, T, n = by_offset.shape
+    if T == 1:
+        return by_offset
+    flat = by_offset.reshape(*lead, T * n)[..., T - 1:T - 1 + T * (n - 1)]
+    return flat.reshape(*lead, T, n - 1)[..., :T]
