@@ -130,7 +130,7 @@ def cpu_preset(task, model):
         cpu = dataclasses.replace(cpu, d_model=128, d_ff=512, n_head=4)
     if task == "ctl" and model == "ndr":
         cpu = dataclasses.replace(cpu, dropout=0.3)
-    if task == "arith" and model == "ndr":   # ~55 min at 4 heads and dropout 0.5 (~820 ms/step)
+    if task == "arith" and model == "ndr":   # ~45 min at 4 heads and dropout 0.5 (~670 ms/step)
         cpu = dataclasses.replace(cpu, steps=4000)
     return dataclasses.replace(cpu, **CPU_GATED.get(model, {}))
 
