@@ -102,7 +102,7 @@ def _recording(modules):
 
 
 @contextlib.contextmanager
-def _after_each_call(module, hook):
+def after_each_call(module, hook):
     """Call ``hook(*args)`` after every call of this module instance. For what a model neither returns nor
     keeps per call (seq2attn's τ; CoDA's gate in a layer applied at every step), the instance's
     forward is wrapped for the duration and restored on exit: the model's code stays untouched."""
@@ -175,7 +175,7 @@ def encoder_pictures(model, ids, lengths, tokens, title, name="example", classes
     attn, trace, coda_calls = model.encoder.layer.attn, [], []
     coda = isinstance(attn, CoDAttention)
     # CoDA keeps its gate of the last call only: take it after every step
-    hook = _after_each_call(attn, lambda *_: coda_calls.append((attn.last_weights, attn.last_gate))) if coda \
+    hook = after_each_call(attn, lambda *_: coda_calls.append((attn.last_weights, attn.last_gate))) if coda \
         else contextlib.nullcontext()
     with _inference(model), hook:
         logits = model(ids[:1], lengths[:1], trace=trace)
@@ -252,7 +252,7 @@ def seq2attn_pictures(model, src, src_lengths, max_len, in_tokens, out_vocab, ti
         tau = attention.tau(query)    # a float ("fixed"), (1,) ("latent") or (B, 1) ("conditioned")
         xp = backend.array_module(query.data)
         taus.append(tau.data.reshape(-1)[:1] if isinstance(tau, Tensor) else xp.full((1,), tau, query.dtype))
-    with _inference(model), (_after_each_call(attention, record_tau) if gumbel else contextlib.nullcontext()):
+    with _inference(model), (after_each_call(attention, record_tau) if gumbel else contextlib.nullcontext()):
         ids, weights = model.greedy(src[:1], src_lengths[:1], max_len, return_attention=True)
     xp = backend.array_module(src)
     out = [out_vocab[i] for i in backend.to_numpy(ids[0])]

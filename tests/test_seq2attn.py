@@ -223,3 +223,35 @@ def test_scan_without_a_split_says_so_not_that_steps_are_zero(tmp_path, capsys):
     assert train.main(["--task", "scan", "--model", "seq2attn", "--no-progress", "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert "needs a split" in err and "steps" not in err
+
+
+@pytest.mark.parametrize("temperature", ["conditioned", "fixed"])
+def test_analysis_reports_training_accuracy_and_the_temperature_per_step(tmp_path, capsys, temperature):
+    """--analyze decodes the (at most 2,000) sampled training examples as --evaluate does, and gives the
+    Gumbel τ of every non-padding decoding step: τ_init throughout when fixed, within (0, τ_max] when learned."""
+    out = str(tmp_path / "run")
+    assert train.main(["--task", "lookup", "--model", "seq2attn", "--out", out, "--set", f"temperature={temperature}"]
+                      + TINY_RUN) == 0
+    capsys.readouterr()
+    assert train.main(["--evaluate", "--out", out]) == 0
+    evaluated = json.loads(capsys.readouterr().out)["metrics"]
+    assert train.main(["--analyze", "--out", out]) == 0
+    text = capsys.readouterr().out
+    assert f"train: greedy sequence accuracy {evaluated['train']:.3f} on 232 of 232 examples" in text
+    assert f"heldout_compositions: greedy sequence accuracy {evaluated['heldout_compositions']:.3f}" in text
+    taus = [[float(v) for v in line.split("percentiles ")[1].split(";")[0].split(" / ")]
+            for line in text.splitlines() if "τ per decoding step" in line]
+    assert len(taus) == 2 and all(len(t) == 5 for t in taus)
+    if temperature == "fixed":
+        assert all(v == 5.0 for t in taus for v in t)
+    else:
+        assert all(0 < v <= 5.0 for t in taus for v in t) and any(v < 5.0 for t in taus for v in t)
+
+
+def test_analysis_of_the_baseline_has_no_temperature(tmp_path, capsys):
+    out = str(tmp_path / "run")
+    assert train.main(["--task", "lookup", "--model", "seq2seq", "--out", out] + TINY_RUN) == 0
+    capsys.readouterr()
+    assert train.main(["--analyze", "--out", out]) == 0
+    text = capsys.readouterr().out
+    assert "train: greedy sequence accuracy" in text and "τ" not in text

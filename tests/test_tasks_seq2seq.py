@@ -216,6 +216,9 @@ def test_eval_batches_visit_each_example_once(lookup):
     split = lookup.splits["heldout_tables"]
     seen = [tuple(x[:n]) for src, src_len, _, _ in split.eval_batches(50) for x, n in zip(src, src_len)]
     assert sorted(seen) == sorted(tuple(x) for x in split.inputs)
+    rows = [3, 0, 17, 5]   # or only the given rows, each once
+    seen = [tuple(x[:n]) for src, src_len, _, _ in split.eval_batches(3, rows) for x, n in zip(src, src_len)]
+    assert sorted(seen) == sorted(tuple(split.inputs[i]) for i in rows)
 
 
 def test_bad_batching_requests_fail_at_call_time(lookup):

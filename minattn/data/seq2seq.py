@@ -68,9 +68,11 @@ class Seq2SeqSplit:
             for s in starts:
                 yield self._batch(perm[s:s + batch_size])
 
-    def eval_batches(self, batch_size: int):
-        """One pass in order of target length (stable), so a batch decodes few steps beyond its rows."""
-        order = np.argsort(self.targets.lengths, kind="stable")
+    def eval_batches(self, batch_size: int, rows=None):
+        """One pass over the split (or over its ``rows``) in order of target length (stable), so a batch
+        decodes few steps beyond its rows."""
+        rows = np.arange(len(self)) if rows is None else np.asarray(rows)
+        order = rows[np.argsort(self.targets.lengths[rows], kind="stable")]
         for s in range(0, len(order), batch_size):
             yield self._batch(order[s:s + batch_size])
 

@@ -1,6 +1,7 @@
 """seq2attn and its baseline (Hupkes et al. 2019) on lookup-table composition and SCAN. Section numbers (§)
 without "paper" are those of docs/seq2attn.md.
 """
+import contextlib
 import dataclasses
 import functools
 
@@ -69,6 +70,15 @@ def seq2seq_config(task, model, preset, split=""):
                      eval_every=100 if task == "lookup" else steps and max(1, steps // 10), model_config=mc)
 
 
+ANALYSIS_SAMPLE = 2000   # training examples --analyze decodes
+
+
+def _correct(model, src, src_lengths, tgt, tgt_lengths):
+    """(B,) bool: greedy decoding with argmax attention gets every target token, <eos> included, right."""
+    padding = backend.array_module(tgt).arange(tgt.shape[1]) >= tgt_lengths[:, None]
+    return ((model.greedy(src, src_lengths, tgt.shape[1]) == tgt) | padding).all(axis=1)
+
+
 class Seq2Seq(Recipe):
     """seq2attn and its baseline on lookup tables and SCAN. The metric is sequence accuracy under greedy
     decoding with argmax attention: every target token, <eos> included, must be right (§1.6).
@@ -128,15 +138,46 @@ class Seq2Seq(Recipe):
                 correct, loss = 0, 0
                 for batch in split.eval_batches(self.cfg.eval_batch_size):
                     src, src_lengths, tgt, tgt_lengths = self.to_device(batch)
-                    padding = backend.array_module(tgt).arange(tgt.shape[1]) >= tgt_lengths[:, None]
-                    pred = model.greedy(src, src_lengths, tgt.shape[1])
-                    correct = correct + ((pred == tgt) | padding).all(axis=1).sum()
+                    correct = correct + _correct(model, src, src_lengths, tgt, tgt_lengths).sum()
                     if name == "validation":
                         loss = loss + model.loss(src, src_lengths, tgt, tgt_lengths).data * len(batch[1])
                 result[name] = round(float(backend.to_numpy(correct)) / len(split), 5)
                 if name == "validation":
                     result["validation_loss"] = round(float(backend.to_numpy(loss)) / len(split), 5)
         return result
+
+    def analyze(self, model):
+        """Greedy sequence accuracy on a fixed sample of at most 2,000 training examples (SCAN's evaluation
+        skips its 15-22k) and on the test split (lookup: heldout_compositions): whether a run that fails on
+        test fits its training data. With Gumbel attention also the temperature τ_t (paper Eq. 7) the model
+        would sample with at each decoding step of those examples, padding steps excluded: at evaluation the
+        attention is an argmax and τ is unused, so this shows where training left τ (τ ≤ τ_max)."""
+        attention, test_name = model.attention, "test" if "test" in self.task.splits else "heldout_compositions"
+        gumbel = attention.activation != "softmax"
+        lines = []
+        for name in ("train", test_name):
+            split = self.task.splits[name]
+            rows = np.sort(np.random.default_rng(0).choice(len(split), min(ANALYSIS_SAMPLE, len(split)), replace=False))
+            correct, taus, steps = 0, [], []
+            with no_grad(), eval_mode(), (viz.after_each_call(attention, lambda query, *_: steps.append(
+                    attention.tau(query))) if gumbel else contextlib.nullcontext()):
+                for batch in split.eval_batches(self.cfg.eval_batch_size, rows):
+                    src, src_lengths, tgt, tgt_lengths = self.to_device(batch)
+                    correct += int(_correct(model, src, src_lengths, tgt, tgt_lengths).sum())
+                    if gumbel:   # τ per step: a float ("fixed"), (1,) ("latent") or (B, 1) ("conditioned")
+                        tau = np.stack([np.broadcast_to(backend.to_numpy(getattr(t, "data", t)).reshape(-1),
+                                                        (len(batch[3]),)) for t in steps], axis=1)
+                        taus.append(tau[np.arange(tau.shape[1]) < batch[3][:, None]])
+                        steps.clear()
+            lines.append(f"{name}: greedy sequence accuracy {correct / len(rows):.3f} on {len(rows):,} of "
+                         f"{len(split):,} examples")
+            if gumbel:
+                tau = np.concatenate(taus)
+                q = np.percentile(tau, [1, 10, 50, 90, 99])
+                lines.append(f"  τ per decoding step ({attention.temperature}, τ_max {1 / attention.inv_tau_max:g}): "
+                             "1/10/50/90/99th percentiles " + " / ".join(f"{v:.3f}" for v in q) +
+                             f"; share ≥ 0.9 τ_max {np.mean(tau >= 0.9 / attention.inv_tau_max):.3f}")
+        return "\n".join(lines)
 
     def plot_examples(self, model, texts):
         """The attention trace (one-hot for seq2attn at inference) and the temperature of every step, on
