@@ -270,4 +270,43 @@ def report(paths):
                           if all(isinstance(x, float) for x in v))
             print(f"| {task} | {r['model']} | {r['preset']} | {r['steps']} | "
                   f"{', '.join(str(x['seed']) for x in runs)} | {m} |")
+    print(_size_curves([r for _, r, runs in groups.values() for r in runs]))
     print("\n".join(curves))
+
+
+SIZE_CURVE_FREE = ("seed", "device", "model_config", "steps", "eval_every")   # what a learning curve's points may differ in
+
+
+def _size_curves(runs):
+    """Markdown table of the test metric over the training-set size (mean over seeds, their number in
+    brackets), one row per experiment that was run at two sizes or more: the learning curves of the Abstractor
+    paper's figures. Settings other than the seed and the size that tell two rows of one model apart (e.g.
+    ``init keras``) are named in the row."""
+    rows = {}
+    for r in runs:
+        cfg = {**r["config"], **r["config"].get("model_config", {})}
+        size = cfg.pop("train_size", None)
+        if size and isinstance(r["metrics"].get("test"), float):
+            # the step count follows from the size (epochs of it), so it does not tell curves apart
+            key = json.dumps({k: v for k, v in cfg.items() if k not in SIZE_CURVE_FREE}, sort_keys=True)
+            rows.setdefault(key, {}).setdefault(size, []).append((r["steps"], r["metrics"]["test"]))
+    for key, curve in rows.items():
+        for size, cell in curve.items():
+            if len({steps for steps, _ in cell}) > 1:
+                print(f"warning: the learning curve of {json.loads(key)['model']} averages runs of {size} examples "
+                      f"with different step counts ({sorted({steps for steps, _ in cell})})", file=sys.stderr)
+            curve[size] = [test for _, test in cell]
+    rows = [(json.loads(k), curve) for k, curve in rows.items() if len(curve) > 1]
+    if not rows:
+        return ""
+    sizes = sorted({n for _, curve in rows for n in curve})
+    out = ["\nTest over the training-set size (mean over seeds, their number in brackets):\n",
+           "| task | model | preset | settings | " + " | ".join(map(str, sizes)) + " |",
+           "|---|---|---|---|" + "---|" * len(sizes)]
+    for cfg, curve in sorted(rows, key=lambda row: (row[0]["task"], row[0]["model"], json.dumps(row[0]))):
+        twins = [c for c, _ in rows if (c["task"], c["model"], c["preset"]) == (cfg["task"], cfg["model"], cfg["preset"])]
+        differ = ", ".join(f"{k} {cfg.get(k)}" for k in sorted({k for c in twins for k in c})
+                           if any(c.get(k) != cfg.get(k) for c in twins))
+        out.append(f"| {cfg['task']} | {cfg['model']} | {cfg['preset']} | {differ} | " + " | ".join(
+            f"{np.mean(curve[n]):.3f} ({len(curve[n])})" if n in curve else "" for n in sizes) + " |")
+    return "\n".join(out)

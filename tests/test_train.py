@@ -231,3 +231,25 @@ def test_report_gives_mean_and_std_over_the_seeds_of_one_experiment(tmp_path, ca
     assert len(set(test)) > 1   # the seeds differ, so the std below is not trivially 0
     assert len(seeded) == 1 and "| 2 | 0, 1, 2 | " in seeded[0]
     assert f"test {np.mean(test):.3f} ± {np.std(test, ddof=1):.3f}" in seeded[0]
+
+
+def test_report_draws_the_learning_curve_over_the_training_set_size(tmp_path, capsys):
+    """Runs that differ only in seed and size (the step count follows the size) are one curve, seeds
+    averaged per size; another setting (here the initialisation) is another curve, named in its row."""
+    dirs = {}
+    for init, size, seed in [("default", 20, 0), ("default", 20, 1), ("default", 40, 0), ("keras", 20, 0),
+                             ("keras", 40, 0), ("default", 60, 0)]:
+        d = dirs[init, size, seed] = str(tmp_path / f"{init}-n{size}-s{seed}")
+        assert run(["--task", "pairwise", "--model", "abstractor-simplified", "--train-size", str(size),
+                    "--steps", str(size), "--eval-every", "10", "--no-progress", "--set", f"init={init}",
+                    "--seed", str(seed), "--out", d], capsys)[0] == 0
+    assert train.main(["--report", *dirs.values()]) == 0
+    table = capsys.readouterr().out.split("Test over the training-set size")[1]
+    test = {k: json.load(open(os.path.join(d, "results.json")))["metrics"]["test"] for k, d in dirs.items()}
+    assert test["default", 20, 0] != test["default", 20, 1]   # so the mean is not either seed's
+    assert "| task | model | preset | settings | 20 | 40 | 60 |" in table
+    default = np.mean([test["default", 20, 0], test["default", 20, 1]])
+    assert (f"| pairwise | abstractor-simplified | cpu | init default | {default:.3f} (2) | "
+            f"{test['default', 40, 0]:.3f} (1) | {test['default', 60, 0]:.3f} (1) |") in table
+    assert (f"| pairwise | abstractor-simplified | cpu | init keras | {test['keras', 20, 0]:.3f} (1) | "
+            f"{test['keras', 40, 0]:.3f} (1) |  |") in table
