@@ -270,7 +270,9 @@ def report(paths):
                           if all(isinstance(x, float) for x in v))
             print(f"| {task} | {r['model']} | {r['preset']} | {r['steps']} | "
                   f"{', '.join(str(x['seed']) for x in runs)} | {m} |")
-    print(_size_curves([r for _, r, runs in groups.values() for r in runs]))
+    size_curves = _size_curves([run for _, _, runs in groups.values() for run in runs])
+    if size_curves:
+        print(size_curves)
     print("\n".join(curves))
 
 
@@ -284,7 +286,9 @@ def _size_curves(runs):
     ``init keras``) are named in the row."""
     rows = {}
     for r in runs:
-        cfg = {**r["config"], **r["config"].get("model_config", {})}
+        # the run's identity (as in the rows above) and its settings, model_config's by name
+        cfg = {**r["config"], **r["config"].get("model_config", {}), "task": r["task"], "model": r["model"],
+               "preset": r["preset"]}
         size = cfg.pop("train_size", None)
         if size and isinstance(r["metrics"].get("test"), float):
             # the step count follows from the size (epochs of it), so it does not tell curves apart
@@ -294,7 +298,7 @@ def _size_curves(runs):
         for size, cell in curve.items():
             if len({steps for steps, _ in cell}) > 1:
                 print(f"warning: the learning curve of {json.loads(key)['model']} averages runs of {size} examples "
-                      f"with different step counts ({sorted({steps for steps, _ in cell})})", file=sys.stderr)
+                      f"with different step counts ({sorted({steps for steps, _ in cell}, key=str)})", file=sys.stderr)
             curve[size] = [test for _, test in cell]
     rows = [(json.loads(k), curve) for k, curve in rows.items() if len(curve) > 1]
     if not rows:

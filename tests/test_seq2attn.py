@@ -10,6 +10,7 @@ import pytest
 
 from minattn import backend
 from minattn.attention.additive import AdditiveAttention
+from minattn.data import get_task
 from minattn.engine import Tensor, eval_mode
 from minattn.models.seq2attn import Seq2Attn, model_config
 
@@ -225,27 +226,47 @@ def test_scan_without_a_split_says_so_not_that_steps_are_zero(tmp_path, capsys):
     assert "needs a split" in err and "steps" not in err
 
 
-@pytest.mark.parametrize("temperature", ["conditioned", "fixed"])
-def test_analysis_reports_training_accuracy_and_the_temperature_per_step(tmp_path, capsys, temperature):
-    """--analyze decodes the (at most 2,000) sampled training examples as --evaluate does, and gives the
-    Gumbel τ of every non-padding decoding step: τ_init throughout when fixed, within (0, τ_max] when learned."""
+@pytest.mark.parametrize("temperature", ["conditioned", "latent", "fixed"])
+def test_analysis_reports_training_accuracy_and_the_temperature_per_step(tmp_path, capsys, monkeypatch, temperature):
+    """--analyze decodes the (at most 2,000) sampled training examples and the whole test split, and gives the
+    Gumbel τ of every decoding step up to <eos>: τ_init throughout when fixed, within (0, τ_max] when conditioned.
+    Greedy decoding's tokens are replaced by ones that get the rows whose first input token is even right."""
     out = str(tmp_path / "run")
     assert train.main(["--task", "lookup", "--model", "seq2attn", "--out", out, "--set", f"temperature={temperature}"]
                       + TINY_RUN) == 0
+    task = get_task("lookup")
+    answers = {tuple(x): y for name in ("train", "heldout_compositions")
+               for x, y in zip(task.splits[name].inputs, task.splits[name].targets)}
+
+    decode = Seq2Attn.greedy
+
+    def greedy(self, src, src_lengths, max_len):
+        decode(self, src, src_lengths, max_len)    # the real decoding, which calls the attention (and τ)
+        tokens = np.zeros((len(src), max_len), np.int64)
+        for i, (x, n) in enumerate(zip(backend.to_numpy(src), backend.to_numpy(src_lengths))):
+            y = answers[tuple(x[:n])]
+            tokens[i, :len(y)] = y if x[0] % 2 == 0 else y[::-1] + 1    # wrong in its first token
+        return tokens
+    monkeypatch.setattr(Seq2Attn, "greedy", greedy)
     capsys.readouterr()
-    assert train.main(["--evaluate", "--out", out]) == 0
-    evaluated = json.loads(capsys.readouterr().out)["metrics"]
     assert train.main(["--analyze", "--out", out]) == 0
     text = capsys.readouterr().out
-    assert f"train: greedy sequence accuracy {evaluated['train']:.3f} on 232 of 232 examples" in text
-    assert f"heldout_compositions: greedy sequence accuracy {evaluated['heldout_compositions']:.3f}" in text
+    for name in ("train", "heldout_compositions"):
+        split = task.splits[name]
+        right = np.mean([x[0] % 2 == 0 for x in split.inputs])
+        assert 0 < right < 1
+        assert f"{name}: greedy sequence accuracy {right:.3f} on {len(split)} of {len(split)} examples" in text
+        assert f"({temperature}; {split.targets.lengths.sum():,} steps)" in text    # every step up to <eos>, once
     taus = [[float(v) for v in line.split("percentiles ")[1].split(";")[0].split(" / ")]
             for line in text.splitlines() if "τ per decoding step" in line]
     assert len(taus) == 2 and all(len(t) == 5 for t in taus)
     if temperature == "fixed":
         assert all(v == 5.0 for t in taus for v in t)
-    else:
+    elif temperature == "conditioned":
         assert all(0 < v <= 5.0 for t in taus for v in t) and any(v < 5.0 for t in taus for v in t)
+        assert text.count("share ≥ 0.9 τ_max") == 2
+    else:
+        assert "τ_max" not in text   # exp(θ) has no upper bound
 
 
 def test_analysis_of_the_baseline_has_no_temperature(tmp_path, capsys):
@@ -255,3 +276,14 @@ def test_analysis_of_the_baseline_has_no_temperature(tmp_path, capsys):
     assert train.main(["--analyze", "--out", out]) == 0
     text = capsys.readouterr().out
     assert "train: greedy sequence accuracy" in text and "τ" not in text
+
+
+def test_analysis_is_the_same_on_every_device(tmp_path, capsys, device):
+    """No implicit host conversion (the strict device refuses it, as CuPy syncs on it): one transfer at the end."""
+    out = str(tmp_path / "run")
+    assert train.main(["--task", "lookup", "--model", "seq2attn", "--out", out] + TINY_RUN) == 0
+    capsys.readouterr()
+    assert train.main(["--analyze", "--out", out]) == 0
+    on_cpu = capsys.readouterr().out
+    assert train.main(["--analyze", "--out", out, "--device", device]) == 0
+    assert capsys.readouterr().out == on_cpu and "τ per decoding step" in on_cpu

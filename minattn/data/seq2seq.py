@@ -71,7 +71,7 @@ class Seq2SeqSplit:
     def eval_batches(self, batch_size: int, rows=None):
         """One pass over the split (or over its ``rows``) in order of target length (stable), so a batch
         decodes few steps beyond its rows."""
-        rows = np.arange(len(self)) if rows is None else np.asarray(rows)
+        rows = np.arange(len(self)) if rows is None else np.asarray(rows, dtype=np.intp)
         order = rows[np.argsort(self.targets.lengths[rows], kind="stable")]
         for s in range(0, len(order), batch_size):
             yield self._batch(order[s:s + batch_size])

@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import backend, viz
 from ..data import SCAN_SPLITS, get_task, scan_split
-from ..engine import eval_mode, no_grad
+from ..engine import Tensor, eval_mode, no_grad
 from ..models import seq2attn
 from .base import Recipe, RunConfig, UsageError, example_name, plot_sample, sample_name
 
@@ -148,36 +148,46 @@ class Seq2Seq(Recipe):
 
     def analyze(self, model):
         """Greedy sequence accuracy on a fixed sample of at most 2,000 training examples (SCAN's evaluation
-        skips its 15-22k) and on the test split (lookup: heldout_compositions): whether a run that fails on
-        test fits its training data. With Gumbel attention also the temperature τ_t (paper Eq. 7) the model
-        would sample with at each decoding step of those examples, padding steps excluded: at evaluation the
-        attention is an argmax and τ is unused, so this shows where training left τ (τ ≤ τ_max)."""
-        attention, test_name = model.attention, "test" if "test" in self.task.splits else "heldout_compositions"
-        gumbel = attention.activation != "softmax"
-        lines = []
-        for name in ("train", test_name):
+        skips its 15-22k) and on the whole test split (lookup: heldout_compositions): whether a run that fails
+        on test fits its training data. With Gumbel attention also the temperature τ_t (paper Eq. 7) the model
+        would sample with at each decoding step of those examples up to their <eos>: at evaluation the
+        attention is an argmax and τ is unused, so this shows where training left τ; for the "conditioned"
+        estimator also the share of steps near its bound τ_max, where the sample is flattest."""
+        train = self.task.splits["train"]
+        sample = np.sort(np.random.default_rng(0).choice(len(train), min(ANALYSIS_SAMPLE, len(train)), replace=False))
+        test_name = "test" if "test" in self.task.splits else "heldout_compositions"
+        attention, lines = model.attention, []
+        for name, rows in (("train", sample), (test_name, None)):
             split = self.task.splits[name]
-            rows = np.sort(np.random.default_rng(0).choice(len(split), min(ANALYSIS_SAMPLE, len(split)), replace=False))
-            correct, taus, steps = 0, [], []
-            with no_grad(), eval_mode(), (viz.after_each_call(attention, lambda query, *_: steps.append(
-                    attention.tau(query))) if gumbel else contextlib.nullcontext()):
-                for batch in split.eval_batches(self.cfg.eval_batch_size, rows):
-                    src, src_lengths, tgt, tgt_lengths = self.to_device(batch)
-                    correct += int(_correct(model, src, src_lengths, tgt, tgt_lengths).sum())
-                    if gumbel:   # τ per step: a float ("fixed"), (1,) ("latent") or (B, 1) ("conditioned")
-                        tau = np.stack([np.broadcast_to(backend.to_numpy(getattr(t, "data", t)).reshape(-1),
-                                                        (len(batch[3]),)) for t in steps], axis=1)
-                        taus.append(tau[np.arange(tau.shape[1]) < batch[3][:, None]])
-                        steps.clear()
-            lines.append(f"{name}: greedy sequence accuracy {correct / len(rows):.3f} on {len(rows):,} of "
-                         f"{len(split):,} examples")
-            if gumbel:
-                tau = np.concatenate(taus)
-                q = np.percentile(tau, [1, 10, 50, 90, 99])
-                lines.append(f"  τ per decoding step ({attention.temperature}, τ_max {1 / attention.inv_tau_max:g}): "
-                             "1/10/50/90/99th percentiles " + " / ".join(f"{v:.3f}" for v in q) +
-                             f"; share ≥ 0.9 τ_max {np.mean(tau >= 0.9 / attention.inv_tau_max):.3f}")
+            n = len(split) if rows is None else len(rows)
+            correct, tau = self._decode(model, split, rows)
+            lines.append(f"{name}: greedy sequence accuracy {correct / n:.3f} on {n:,} of {len(split):,} examples")
+            if tau is None:
+                continue
+            lines.append(f"  τ per decoding step ({attention.temperature}; {tau.size:,} steps): 1/10/50/90/99th "
+                         "percentiles " + " / ".join(f"{v:.3f}" for v in np.percentile(tau, [1, 10, 50, 90, 99])))
+            if attention.temperature == "conditioned":
+                tau_max = 1 / attention.inv_tau_max
+                lines[-1] += f"; τ_max {tau_max:g}, share ≥ 0.9 τ_max {np.mean(tau >= 0.9 * tau_max):.3f}"
         return "\n".join(lines)
+
+    def _decode(self, model, split, rows):
+        """The number of rows of ``split`` (all if None) that greedy decoding gets right, and with Gumbel
+        attention the τ_t of each of their decoding steps up to <eos> (a host array; else None)."""
+        attention, correct, taus, calls = model.attention, 0, [], []
+        gumbel = attention.activation != "softmax"
+        record = viz.after_each_call(attention, lambda query, *_: calls.append(attention.tau(query)))
+        with no_grad(), eval_mode(), (record if gumbel else contextlib.nullcontext()):
+            for batch in split.eval_batches(self.cfg.eval_batch_size, rows):
+                src, src_lengths, tgt, tgt_lengths = self.to_device(batch)
+                correct = correct + _correct(model, src, src_lengths, tgt, tgt_lengths).sum()
+                if gumbel:   # one τ per call: a float ("fixed"), (1,) ("latent") or (B, 1) ("conditioned")
+                    xp, B = backend.array_module(tgt), len(tgt)
+                    tau = xp.stack([xp.broadcast_to(t.data.reshape(-1), (B,)) if isinstance(t, Tensor)
+                                    else xp.full((B,), t, dtype=backend.DEFAULT_DTYPE) for t in calls], axis=1)
+                    taus.append(tau[xp.arange(tau.shape[1]) < tgt_lengths[:, None]])   # (B, steps) → valid steps
+                    calls.clear()
+        return int(backend.to_numpy(correct)), (backend.to_numpy(xp.concatenate(taus)) if gumbel else None)
 
     def plot_examples(self, model, texts):
         """The attention trace (one-hot for seq2attn at inference) and the temperature of every step, on
