@@ -281,9 +281,9 @@ SIZE_CURVE_FREE = ("seed", "device", "model_config", "steps", "eval_every")   # 
 
 def _size_curves(runs):
     """Markdown table of the test metric over the training-set size (mean over seeds, their number in
-    brackets), one row per experiment that was run at two sizes or more: the learning curves of the Abstractor
-    paper's figures. Settings other than the seed and the size that tell two rows of one model apart (e.g.
-    ``init keras``) are named in the row."""
+    brackets), one row per experiment, when one of them was run at two sizes or more: the learning curves of
+    the Abstractor paper's figures. Settings other than the seed and the size that tell two rows of one model
+    apart (e.g. ``init keras``) are named in the row."""
     rows = {}
     for r in runs:
         # the run's identity (as in the rows above) and its settings, model_config's by name
@@ -300,8 +300,8 @@ def _size_curves(runs):
                 print(f"warning: the learning curve of {json.loads(key)['model']} averages runs of {size} examples "
                       f"with different step counts ({sorted({steps for steps, _ in cell}, key=str)})", file=sys.stderr)
             curve[size] = [test for _, test in cell]
-    rows = [(json.loads(k), curve) for k, curve in rows.items() if len(curve) > 1]
-    if not rows:
+    rows = [(json.loads(k), curve) for k, curve in rows.items()]
+    if all(len(curve) < 2 for _, curve in rows):   # no run spans sizes: the tables above say it all
         return ""
     sizes = sorted({n for _, curve in rows for n in curve})
     out = ["\nTest over the training-set size (mean over seeds, their number in brackets):\n",
