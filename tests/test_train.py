@@ -235,10 +235,10 @@ def test_report_gives_mean_and_std_over_the_seeds_of_one_experiment(tmp_path, ca
 
 def test_report_draws_the_learning_curve_over_the_training_set_size(tmp_path, capsys):
     """Runs that differ only in seed and size (the step count follows the size) are one curve, seeds
-    averaged per size; another setting (here the initialisation) is another curve, named in its row."""
+    averaged per size; another setting (here the initialisation) is another row, named in it."""
     dirs = {}
     for init, size, seed in [("default", 20, 0), ("default", 20, 1), ("default", 40, 0), ("keras", 20, 0),
-                             ("keras", 40, 0), ("default", 60, 0)]:
+                             ("default", 60, 0)]:
         d = dirs[init, size, seed] = str(tmp_path / f"{init}-n{size}-s{seed}")
         assert run(["--task", "pairwise", "--model", "abstractor-simplified", "--train-size", str(size),
                     "--steps", str(size), "--eval-every", "10", "--no-progress", "--set", f"init={init}",
@@ -251,5 +251,5 @@ def test_report_draws_the_learning_curve_over_the_training_set_size(tmp_path, ca
     default = np.mean([test["default", 20, 0], test["default", 20, 1]])
     assert (f"| pairwise | abstractor-simplified | cpu | init default | {default:.3f} (2) | "
             f"{test['default', 40, 0]:.3f} (1) | {test['default', 60, 0]:.3f} (1) |") in table
-    assert (f"| pairwise | abstractor-simplified | cpu | init keras | {test['keras', 20, 0]:.3f} (1) | "
-            f"{test['keras', 40, 0]:.3f} (1) |  |") in table
+    # a one-size twin gets its row too, so that the curve above is not mistaken for the default
+    assert f"| pairwise | abstractor-simplified | cpu | init keras | {test['keras', 20, 0]:.3f} (1) |  |  |" in table
