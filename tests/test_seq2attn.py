@@ -200,6 +200,10 @@ def test_training_cli_reports_sequence_accuracy_per_split(tmp_path, capsys):
     assert res["best_step"] == 3 and res["config"]["batch_size"] == 1 and res["config"]["lr"] == 1e-3
     cfg = train.make_config("scan", "seq2seq", "paper", split="filler0")
     assert (cfg.steps, cfg.batch_size, cfg.model_config.cell, cfg.model_config.n_layers) == (50 * 238, 64, "lstm", 2)
+    # the cpu preset's SCAN lr: 3e-4 for seq2attn at batch 8 (chosen on its training loss), 1e-3 elsewhere
+    lrs = {(t, m, p): train.make_config(t, m, p, split="filler0" if t == "scan" else "").lr
+           for t in ("scan", "lookup") for m in ("seq2attn", "seq2seq") for p in ("cpu", "paper")}
+    assert lrs == {**{k: 1e-3 for k in lrs}, ("scan", "seq2attn", "cpu"): 3e-4}
     paper = train.make_config("lookup", "seq2attn", "paper")
     assert (paper.steps, paper.eval_every, paper.weight_decay) == (23200, 100, 0)
     assert (paper.model_config.teacher_forcing, paper.model_config.d_hidden, paper.grad_clip) == (0.5, 256, 5)
