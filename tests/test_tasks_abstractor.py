@@ -230,3 +230,23 @@ def test_early_stopping_after_patience_epochs(tmp_path):
     gaps = [e["step"] - b for e, b in zip(log, first_best)]
     assert res["steps"] == log[-1]["step"] < 100 and gaps[-1] >= 4 and all(g < 4 for g in gaps[:-1])
     assert res["metrics"]["valid_loss"] == min(e["valid_loss"] for e in log)
+
+
+def test_sort_stop_on_train_loss(tmp_path, monkeypatch):
+    """``stop_on=train_loss`` (the figure-era rule of the authors' sorting script): nothing but the training
+    loss is logged, the run stops ``patience`` epochs after the lowest training loss and reports valid and test
+    decoded with that epoch's parameters; an unknown rule is a UsageError."""
+    monkeypatch.setattr(recipes.abstractor.Sort, "make_task", lambda self: tasks.SortTask(n_sequences=400))
+    cfg = train.make_config("sort", "abstractor", "cpu", train_size=64, batch_size=32, d_model=8, d_ff=8,
+                            eval_batch_size=50, stop_on="train_loss", patience=1, eval_epochs=1, epochs=40, lr=0.3)
+    res = train.train(cfg, str(tmp_path / "run"), progress=False)
+    log = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(set(e) == {"step", "train_loss", "train_tf_acc", "wall_s"} for e in log)
+    best = min(log, key=lambda e: (e["train_loss"], e["step"]))
+    assert res["best_step"] == best["step"] and res["steps"] == log[-1]["step"] < 80
+    assert log[-1]["step"] - best["step"] >= 2 and all(e["train_loss"] > best["train_loss"] for e in log
+                                                        if e["step"] > best["step"])
+    assert set(res["metrics"]) == {"valid", "test", "test_elem"}
+    with pytest.raises(train.UsageError, match="stop_on"):
+        train.train(train.make_config("sort", "abstractor", "cpu", stop_on="valid_loss"), str(tmp_path / "bad"),
+                    progress=False)
