@@ -24,6 +24,7 @@ seeded from it; dropout and gate-dropout masks of step k come from ``RNG(seed).r
 ``--resume`` replays the data stream up to the saved step and continues bit for bit.
 """
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -38,8 +39,9 @@ from tqdm import tqdm  # noqa: E402
 
 from minattn import backend, optim, viz  # noqa: E402
 from minattn.recipes import RECIPES, RunConfig, UsageError, recipe_for  # noqa: E402
+from minattn.recipes.base import optimizer, schedule, stop_early  # noqa: E402
 from minattn.rundir import (CHECKPOINT, convert, identity, load_checkpoint, locked, repair_log,  # noqa: E402
-                            report, save_checkpoint, to_json, write_atomic)
+                            report, save_checkpoint, settings, to_json, write_atomic)
 
 
 class Diverged(Exception):
@@ -48,41 +50,60 @@ class Diverged(Exception):
 
 # --- configuration: a recipe's preset, then the command line's overrides ----------------------------------
 
+@contextlib.contextmanager
+def user_values():
+    """Bad user values, found where they are used (a recipe's hooks, the models, the data), raise ValueError:
+    here, and only here, that becomes a UsageError, one line for the user."""
+    try:
+        yield
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def _field_types(recipe, model):
+    """{setting: its type} of a run of ``recipe`` with ``model``: the run's fields, the task options' and the
+    model's, from their classes (no preset is built)."""
+    classes = [RunConfig, recipe.Options, recipe.model_config_class(model)]
+    return {f.name: f.type for cls in classes if cls is not None for f in dataclasses.fields(cls)
+            if f.name not in ("model_config", "options")}
+
+
 def make_config(task, model, preset="cpu", **overrides):
-    """The full configuration of a run: the preset for (task, model), then explicit overrides
-    (RunConfig fields or fields of the recipe's model config; None means "keep the preset's")."""
+    """The full configuration of a run: the preset for (task, model), then explicit overrides (settings of
+    the run, the task options or the model, by name; None means "keep the preset's"). The task options are
+    given to the preset, which may count in them (e.g. SCAN's steps in epochs of its split)."""
     recipe = recipe_for(task)
     if model not in recipe.models:
         raise UsageError(f"unknown model {model!r} for task {task}; valid models: {', '.join(recipe.models)}")
     if preset not in ("cpu", "paper"):
         raise UsageError(f"unknown preset {preset!r}; valid presets: cpu, paper")
-    split = overrides.pop("split", None)
-    if split and not recipe.has_split:
-        raise UsageError(f"task {task} has no --split")
-    cfg = recipe.config(task, model, preset, split or "") if recipe.has_split else recipe.config(task, model, preset)
+    fields = _field_types(recipe, model)
+    unknown = sorted(k for k, v in overrides.items() if v is not None and k not in fields)
+    if unknown:
+        flag = "--split" if unknown == ["split"] else f"setting {unknown[0]!r}"
+        raise UsageError(f"task {task} has no {flag}" if unknown == ["split"] else
+                         f"unknown {flag}; valid: {', '.join(sorted(fields))}")
+    option_names = {f.name for f in dataclasses.fields(recipe.Options)} if recipe.Options else set()
+    with user_values():
+        cfg = recipe.config(task, model, preset, **{k: v for k, v in overrides.items()
+                                                    if k in option_names and v is not None})
     model_fields = {f.name for f in dataclasses.fields(cfg.model_config)}
     for key, value in overrides.items():
-        if value is None:
+        if value is None or key in option_names:
             continue
         if key in model_fields:
             cfg.model_config = dataclasses.replace(cfg.model_config, **{key: value})
-        elif key in _run_fields():
-            setattr(cfg, key, value)
         else:
-            raise UsageError(f"unknown setting {key!r}; valid: {', '.join(sorted(model_fields | set(_run_fields())))}")
+            setattr(cfg, key, value)
     for key in ("steps", "batch_size", "lr", "eval_every", "eval_batch_size"):   # a count or a rate: > 0
         value = getattr(cfg, key)
-        if value is not None and not value > 0:                                  # None: set from epochs later
+        if value is not None and not value > 0:                                  # None: counted in epochs
             raise UsageError(f"{key} must be positive, got {value}")
     for key in ("weight_decay", "grad_clip"):                                    # 0 switches them off
         value = getattr(cfg, key)
         if value < 0:
             raise UsageError(f"{key} must be ≥ 0, got {value}")
     return cfg
-
-
-def _run_fields():
-    return [f.name for f in dataclasses.fields(RunConfig) if f.name != "model_config"]
 
 
 def _bool(text):
@@ -97,10 +118,8 @@ _EXPECTED = {"int": "an integer", "float": "a number", "bool": "true or false"}
 def _parse_value(key, text, task, model=None):
     """--set values take the type of the field they override (in the model's own config when it is known)."""
     recipe = recipe_for(task)
-    model_config = recipe.config(task, model if model in recipe.models else recipe.models[0], "cpu").model_config
-    field_types = {f.name: f.type for f in dataclasses.fields(model_config)}
-    field_types.update({f.name: f.type for f in dataclasses.fields(RunConfig)})
-    for name in ("model_config", "task", "model", "preset"):   # not --set's to change
+    field_types = _field_types(recipe, model if model in recipe.models else next(iter(recipe.models)))
+    for name in ("task", "model", "preset"):   # not --set's to change
         field_types.pop(name)
     kind = field_types.get(key)
     if kind is None:
@@ -128,15 +147,18 @@ def _parse_settings(items, task, model, allowed=None):
 
 
 def show_config(cfg, preset):
-    """The resolved run and model configuration, one field a line; ``*`` marks the fields a flag or --set
-    changed, with the preset's value in brackets."""
+    """The resolved run configuration, its task options and its model, one field a line; ``*`` marks the
+    fields a flag or --set changed, with the preset's value in brackets."""
     lines = [f"{cfg.task} / {cfg.model}, {cfg.preset} preset (* = changed from the preset, its value in brackets)"]
     for title, now, was in (("run (RunConfig)", cfg, preset),
+                            (f"task options ({type(cfg.options).__name__})", cfg.options, preset.options),
                             (f"model ({type(cfg.model_config).__name__})", cfg.model_config, preset.model_config)):
+        if now is None:
+            continue
         lines.append(title + ":")
         for f in dataclasses.fields(now):
             value, old = getattr(now, f.name), getattr(was, f.name)
-            if f.name != "model_config":
+            if f.name not in ("model_config", "options"):
                 lines.append(f"  * {f.name} = {value!r}   [{old!r}]" if value != old else f"    {f.name} = {value!r}")
     return "\n".join(lines)
 
@@ -172,11 +194,11 @@ def _train(cfg, out_dir, resume, progress):
         ckpt = load_checkpoint(ckpt_path)
         cfg.steps = ckpt["config"]["steps"] if cfg.steps is None else cfg.steps
         cfg.eval_every = ckpt["config"]["eval_every"] if cfg.eval_every is None else cfg.eval_every
-        if ckpt["identity"] != identity(cfg):
-            def flat(d):   # model_config's fields by name: "d_model", not "model_config"
-                return {**{k: v for k, v in d.items() if k != "model_config"}, **(d.get("model_config") or {})}
-            was, now = flat(ckpt["identity"]), flat(identity(cfg))
-            diff = sorted(k for k in was.keys() | now.keys() if was.get(k) != now.get(k))
+        # compared setting by setting, so that a checkpoint whose config has the older layout (task options
+        # and schedule inside model_config) belongs to the same run
+        was, now = settings(ckpt["identity"]), settings(identity(cfg))
+        diff = sorted(k for k in was.keys() | now.keys() if was.get(k) != now.get(k))
+        if diff:
             raise UsageError(f"checkpoint in {out_dir} was written by a different run (differs in: {', '.join(diff)}); "
                              "nothing was overwritten")
         if cfg.steps < ckpt["step"]:
@@ -185,12 +207,17 @@ def _train(cfg, out_dir, resume, progress):
         raise UsageError(f"{out_dir} already holds a checkpoint: pass --resume to continue it, "
                          "or choose another --out")
 
+    cfg = schedule(cfg)   # steps and evaluations counted in epochs: resolved before the recipe is built
     recipe = recipe_for(cfg.task)(cfg)
-    recipe.load_task()
-    model = recipe.build_model().to(cfg.device)
-    opt = recipe.optimizer(model.parameters())
+    with user_values():
+        rule = recipe.selection
+        recipe.load_task()
+        model = recipe.build_model().to(cfg.device)
+        stream = recipe.batches(np.random.default_rng([cfg.seed, 1]))   # a pure function of the seed
+    opt = optimizer(cfg, model.parameters())
     step, train_time, history = 0, 0.0, []
-    best, selected = {"metric": None, "metrics": {}, "step": None}, None   # selected: parameters, if selected_only
+    # the evaluate() metrics of the selected evaluation and of the last one; selected: its parameters (rule.once)
+    best, last, selected = {"metric": None, "metrics": {}, "step": None}, {}, None
 
     if resume:
         try:
@@ -200,19 +227,18 @@ def _train(cfg, out_dir, resume, progress):
             raise UsageError(f"checkpoint {ckpt_path} does not fit the model: {e}") from None
         step, best, train_time = ckpt["step"], ckpt["best"], ckpt["train_time"]
         history, selected = ckpt["history"], ckpt["selected"]
+        last = ckpt["last"] if "last" in ckpt else older_metrics(best, history)
         repair_log(log_path, history, step)
     elif os.path.exists(log_path):
         os.remove(log_path)
 
-    # The data stream is a pure function of the seed: replay it up to the current step.
-    stream = recipe.batches(np.random.default_rng([cfg.seed, 1]))
-    for _ in range(step):
+    for _ in range(step):   # replay the data stream up to the current step
         next(stream)
     run_rng = backend.RNG(cfg.seed, cfg.device)
 
     def checkpoint():
         save_checkpoint(ckpt_path, {"identity": identity(cfg), "config": dataclasses.asdict(cfg), "step": step,
-                                    "best": best, "train_time": train_time, "history": history},
+                                    "best": best, "last": last, "train_time": train_time, "history": history},
                         model.state_dict(), opt.state_dict(), selected)
 
     print(f"{'resuming' if step else 'training'} {cfg.task} / {cfg.model} ({cfg.preset} preset, seed {cfg.seed}) on "
@@ -222,7 +248,7 @@ def _train(cfg, out_dir, resume, progress):
     start_step, loss_sum, norm_sum, stats, seen, n_batches = step, 0.0, 0.0, {}, 0, 0
     diverged = None
     model.train()
-    while step < cfg.steps and not recipe.stop_early(step, history):
+    while step < cfg.steps and not stop_early(cfg, rule, step, history):
         t0 = time.perf_counter()
         batch = next(stream)
         model.set_rng(run_rng.reseed(step))   # step k's masks, also after a resume; one generator per run
@@ -252,13 +278,14 @@ def _train(cfg, out_dir, resume, progress):
                 bar.set_postfix_str("evaluating…", refresh=True)   # or the bar looks frozen meanwhile
                 model.eval()                      # with eval_mode() in the recipes: dropout off either way
                 entry.update(recipe.log_extra(model))
-                entry.update(recipe.evaluate(model))
+                last = recipe.evaluate(model)
+                entry.update(last)
                 model.train()
             entry["wall_s"] = round(train_time, 1)
-            selected_metric = entry.get(recipe.select_split)
-            if selected_metric is not None and _better(selected_metric, best["metric"], recipe.metric_higher_is_better):
-                best = {"metric": selected_metric, "metrics": {k: v for k, v in entry.items()}, "step": step}
-                if recipe.selected_only:         # the selected parameters, for evaluate_selected() at the end
+            selected_metric = entry.get(rule.metric)
+            if selected_metric is not None and _better(selected_metric, best["metric"], rule.higher):
+                best = {"metric": selected_metric, "metrics": dict(last), "step": step}
+                if rule.once:                    # the selected parameters, for evaluate_selected() at the end
                     selected = model.state_dict()
             entry = to_json(entry)
             history.append(entry)
@@ -272,20 +299,17 @@ def _train(cfg, out_dir, resume, progress):
             bar.unpause()                     # rate and ETA count training, not evaluation and checkpoint
     bar.close()
 
-    final = next((h for h in reversed(history) if h["train_loss"] is not None), {})   # not a diverged one
-    split_names = [k for k in final if k not in ("step", "wall_s", "train_loss") and not k.startswith("train_")
-                   and not k.startswith("gate")]
-    metrics = {k: (final.get(k) if k in recipe.report_final else best["metrics"].get(k, final.get(k)))
-               for k in split_names}
-    if recipe.selected_only and selected is not None and not diverged:
+    metrics = {k: v if k in rule.final else best["metrics"].get(k, v) for k, v in last.items()}
+    if rule.once and selected is not None and not diverged:
         model.load_state_dict(selected)       # training is over and checkpointed: the model is free to reuse
         model.eval()
-        metrics.update(recipe.evaluate_selected(model))
+        with user_values():
+            metrics.update(recipe.evaluate_selected(model))
     results = {
         "task": cfg.task, "model": cfg.model, "preset": cfg.preset, "seed": cfg.seed, "device": cfg.device,
         "steps": step, "wall_s": round(train_time, 2),
         "ms_per_step": round(1000 * train_time / step, 3) if step else None,
-        "metrics": metrics, "final_metrics": {k: final.get(k) for k in split_names},
+        "metrics": metrics, "final_metrics": last,
         "best_step": best["step"], "steps_this_invocation": step - start_step,
         "config": dataclasses.asdict(cfg),
     }
@@ -301,28 +325,40 @@ def _train(cfg, out_dir, resume, progress):
     return results
 
 
+def older_metrics(best, history):
+    """The metrics of the last evaluation in a checkpoint written before they were kept apart ("last"), and
+    its selected evaluation's: then a log entry held them among the loop's own numbers and the recipe's
+    extras, which started with "train" or "gate"."""
+    def metrics(entry):
+        return {k: v for k, v in entry.items() if k not in ("step", "wall_s", "train_loss")
+                and not k.startswith(("train_", "gate"))}
+    final = next((h for h in reversed(history) if h["train_loss"] is not None), {})   # not a diverged one
+    best["metrics"] = metrics(best["metrics"])
+    return metrics(final)
+
+
 # --- trained runs: --evaluate, --analyze, --plot ----------------------------------------------------------
 
 # what `--set` may change in a trained run (--evaluate, --plot, --analyze): evaluation, never the weights
 EVAL_SETTINGS = ("n_steps_eval", "eval_batch_size")
 
 
-def _load_run(out_dir, device, settings=()):
+def _load_run(out_dir, device, overrides=()):
     """The recipe (its task loaded), the trained model of the checkpoint in out_dir on ``device``, and the
-    checkpoint's step. ``settings``: KEY=VALUE strings of EVAL_SETTINGS that override the saved config."""
+    checkpoint's step. ``overrides``: KEY=VALUE strings of EVAL_SETTINGS that override the saved config."""
     if not os.path.isdir(out_dir):
         raise UsageError(f"no run directory {out_dir}")
     path = os.path.join(out_dir, CHECKPOINT)
     if not os.path.exists(path) and not os.path.exists(os.path.join(out_dir, "checkpoint.pkl")):
         raise UsageError(f"{out_dir} holds no {CHECKPOINT} (is it a run directory? train there first)")
     ckpt = load_checkpoint(path)
-    saved = dict(ckpt["config"], device=device)
-    saved = {**saved.pop("model_config"), **saved}
-    saved.update(_parse_settings(settings, saved["task"], saved["model"], allowed=EVAL_SETTINGS))
+    saved = dict(settings(ckpt["config"]), device=device)   # any layout, older ones included
+    saved.update(_parse_settings(overrides, saved["task"], saved["model"], allowed=EVAL_SETTINGS))
     cfg = make_config(saved.pop("task"), saved.pop("model"), saved.pop("preset"), **saved)
     recipe = recipe_for(cfg.task)(cfg)
-    recipe.load_task()
-    model = recipe.build_model()
+    with user_values():
+        recipe.load_task()
+        model = recipe.build_model()
     try:
         model.load_state_dict(ckpt["model"])
     except ValueError as e:
@@ -333,7 +369,8 @@ def _load_run(out_dir, device, settings=()):
 def analyze(out_dir, device="cpu", settings=()):
     """The recipe's analysis of the checkpoint in out_dir (e.g. the CRT value-score table, paper Fig. 5)."""
     recipe, model, _ = _load_run(out_dir, device, settings)
-    return recipe.analyze(model)
+    with user_values():
+        return recipe.analyze(model)
 
 
 def evaluate_checkpoint(out_dir, device="cpu", settings=()):
@@ -341,7 +378,8 @@ def evaluate_checkpoint(out_dir, device="cpu", settings=()):
     which need not be the selected step of results.json. E.g. ``settings=["n_steps_eval=16"]`` applies a
     shared-layer encoder 16 times at evaluation instead of the number it was trained with."""
     recipe, model, step = _load_run(out_dir, device, settings)
-    return {"step": step, "settings": list(settings), "metrics": recipe.evaluate(model)}
+    with user_values():
+        return {"step": step, "settings": list(settings), "metrics": recipe.evaluate(model)}
 
 
 def plot(out_dir, device="cpu", texts=(), task=None, model=None, settings=()):
@@ -352,7 +390,9 @@ def plot(out_dir, device="cpu", texts=(), task=None, model=None, settings=()):
     for flag, given, saved in (("--task", task, recipe.cfg.task), ("--model", model, recipe.cfg.model)):
         if given is not None and given != saved:
             raise UsageError(f"{out_dir} holds a {recipe.cfg.task} / {recipe.cfg.model} checkpoint, not {flag} {given}")
-    paths = viz.write_pictures(recipe.plot_examples(net, list(texts)), os.path.join(out_dir, "plots"))
+    with user_values():
+        pictures = recipe.plot_examples(net, list(texts))
+    paths = viz.write_pictures(pictures, os.path.join(out_dir, "plots"))
     for path in paths:
         print(f"wrote {path}")
     return paths
@@ -444,9 +484,8 @@ def main(argv=None):
         if args.resume and args.out and args.task is None and args.model is None:
             # `--resume --out DIR` alone continues the run saved there: task, model, preset and every
             # setting come from its checkpoint; flags given now (e.g. --steps) still apply on top.
-            saved = dict(load_checkpoint(os.path.join(args.out, CHECKPOINT))["config"])
+            saved = settings(load_checkpoint(os.path.join(args.out, CHECKPOINT))["config"])
             args.task, args.model, args.preset = saved.pop("task"), saved.pop("model"), saved.pop("preset")
-            saved = {**saved.pop("model_config"), **saved}
             saved.pop("device")
         args.task, args.model = args.task or "ctl", args.model or "ndr"
         recipe_for(args.task)
@@ -467,9 +506,9 @@ def main(argv=None):
                 flags[key] = value
         args.seed = flags["seed"]
         cfg = make_config(args.task, args.model, args.preset, **flags)
-        if args.show_config:   # resolved as training would (a recipe may count steps in epochs), then compared
+        if args.show_config:   # resolved as training would (steps may count epochs), then compared
             preset = make_config(args.task, args.model, args.preset, split=flags["split"])
-            print(show_config(recipe_for(args.task)(cfg).cfg, recipe_for(args.task)(preset).cfg))
+            print(show_config(schedule(cfg), schedule(preset)))
             return 0
         if args.resume:   # the run's own step budget and evaluation interval (train() reads them) unless given
             cfg.steps, cfg.eval_every = flags["steps"], flags["eval_every"]

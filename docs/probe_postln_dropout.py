@@ -11,7 +11,7 @@ import argparse
 import numpy as np
 
 from minattn import backend, functional as F, optim
-from minattn.models.transformer import ARCHITECTURES, Classifier, EncoderConfig
+from minattn.models.encoder import ARCHITECTURES, Classifier, EncoderConfig
 
 
 def main():

@@ -130,7 +130,7 @@ def encoder_flops(B, T, cfg, gated):
 def bench_ndr(device, repeat):
     """NDR on CTL at the cpu preset: a training step on a batch of CTL-sized sequences, and evaluation."""
     from .engine import eval_mode, no_grad
-    from .models.transformer import Classifier, EncoderConfig
+    from .models.encoder import Classifier, EncoderConfig
     xp = backend.get_xp(device)
     cfg = EncoderConfig(d_model=128, d_ff=256, n_head=1, n_steps=14, dropout=0.3, attention_dropout=0.1,
                         gate_dropout=0.1)
@@ -205,7 +205,7 @@ def bench_abstractor(device, repeat):
     from .attention.multihead import MultiHeadAttention
     from .attention.relational import RelationalCrossAttention
     from .models.abstractor import AbstractorConfig, build_seq2seq
-    from .models.transformer import FeedForwardBlock
+    from .models.seq2seq import FeedForwardBlock
     xp = backend.get_xp(device)
     B, T, d_in, n_classes = 512, 10, 12, 10
     rng = np.random.default_rng(0)
@@ -259,8 +259,8 @@ def bench_coda(device, repeat):
     of 32, batch 128, inputs of 16 characters, targets of 8), with the peak memory of a step. Then the L1
     distance alone, fused vs its composite, at the MLU encoder's size. Target (issue 7): CoDA ≤ 2× softmax."""
     from .attention.coda import l1_distance, l1_distance_reference
-    from .models.transformer import (Classifier, CoDASeq2SeqTransformer, EncoderConfig, EncoderDecoderConfig,
-                                     Seq2SeqTransformer)
+    from .models.encoder import Classifier, EncoderConfig
+    from .models.seq2seq import CoDASeq2SeqTransformer, EncoderDecoderConfig, Seq2SeqTransformer
     xp = backend.get_xp(device)
     rng = np.random.default_rng(0)
 

@@ -161,6 +161,14 @@ def identity(cfg):
     return json.loads(json.dumps(to_json(d)))
 
 
+def settings(config):
+    """A run's configuration (a dict, as results.json and checkpoints hold it) as one dict of its settings by
+    name: the model's and the task options' fields beside the run's. The same for every layout: older runs
+    kept the task options and the schedule inside ``model_config``."""
+    return {**{k: v for k, v in config.items() if k not in ("model_config", "options")},
+            **(config.get("model_config") or {}), **(config.get("options") or {})}
+
+
 def read_log(path):
     """The entries of a metrics log, skipping lines that are not JSON objects with a step (a line torn by a
     kill, an edit)."""
@@ -234,19 +242,20 @@ def report(paths):
         except UsageError as e:
             print(f"warning: skipped: {e}", file=sys.stderr)
             continue
-        run_key = json.dumps({k: v for k, v in r["config"].items() if k != "device"}, sort_keys=True)
+        config = settings(r["config"])
+        run_key = json.dumps({k: v for k, v in config.items() if k != "device"}, sort_keys=True)
         if run_key in seen:
             print(f"warning: skipped {d}: the same run as {seen[run_key]}", file=sys.stderr)
             continue
         seen[run_key] = d
         m = ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in r["metrics"].items())
-        mc = r["config"].get("model_config", {})   # the data options that tell runs of one task apart
-        data = ", ".join(f"{k} {mc[k]}" for k in ("split", "train_size", "searches", "retrievals") if mc.get(k))
-        task = f"{r['task']} ({data}{', ood' if mc.get('ood') else ''})" if data else r["task"]
+        # the data options that tell runs of one task apart
+        data = ", ".join(f"{k} {config[k]}" for k in ("split", "train_size", "searches", "retrievals") if config.get(k))
+        task = f"{r['task']} ({data}{', ood' if config.get('ood') else ''})" if data else r["task"]
         rows.append(f"| {task} | {r['model']} | {r['preset']} | {r['seed']} | {r['steps']} | {m} | "
                     f"{r['best_step']} | {r['wall_s'] / 60:.1f} min | {r['ms_per_step'] or 0:.0f} | {d} |")
         # runs that differ only in their seed (and device) are seeds of one experiment
-        same = json.dumps({k: v for k, v in r["config"].items() if k not in ("seed", "device")}, sort_keys=True)
+        same = json.dumps({k: v for k, v in config.items() if k not in ("seed", "device")}, sort_keys=True)
         groups.setdefault(same, (task, r, []))[2].append(r)
         if not log:
             print(f"warning: {d} has no readable metrics.jsonl: no learning curve", file=sys.stderr)
@@ -276,7 +285,7 @@ def report(paths):
     print("\n".join(curves))
 
 
-SIZE_CURVE_FREE = ("seed", "device", "model_config", "steps", "eval_every")   # what a learning curve's points may differ in
+SIZE_CURVE_FREE = ("seed", "device", "steps", "eval_every")   # what a learning curve's points may differ in
 
 
 def _size_curves(runs):
@@ -286,9 +295,8 @@ def _size_curves(runs):
     apart (e.g. ``init keras``) are named in the row."""
     rows = {}
     for r in runs:
-        # the run's identity (as in the rows above) and its settings, model_config's by name
-        cfg = {**r["config"], **r["config"].get("model_config", {}), "task": r["task"], "model": r["model"],
-               "preset": r["preset"]}
+        # the run's identity (as in the rows above): its settings by name
+        cfg = {**settings(r["config"]), "task": r["task"], "model": r["model"], "preset": r["preset"]}
         size = cfg.pop("train_size", None)
         if size and isinstance(r["metrics"].get("test"), float):
             # the step count follows from the size (epochs of it), so it does not tell curves apart

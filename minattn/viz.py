@@ -166,7 +166,7 @@ def _coda_picture(attn, M, g, rows, cols, title, name):
 
 
 def encoder_pictures(model, ids, lengths, tokens, title, name="example", classes=None):
-    """One sequence through a ``Classifier`` (models/transformer.py): for the gated models (NDR and the
+    """One sequence through a ``Classifier`` (models/encoder.py): for the gated models (NDR and the
     "+ gate" baselines) the mean copy gate of every column at every step (NDR paper Fig. 2: which columns
     update at which step); for every model one picture per head with its attention map at every step
     (Fig. 3: who reads whom). ids (1, T) and lengths (1,) on the model's device; ``tokens`` labels the
@@ -269,7 +269,7 @@ def seq2attn_pictures(model, src, src_lengths, max_len, in_tokens, out_vocab, ti
 
 
 def seq2seq_pictures(model, src, n_steps, start, tokens, title, name="example", out_vocab=None):
-    """Greedy decoding of one sequence by an encoder–decoder of models/transformer.py or abstractor.py
+    """Greedy decoding of one sequence by an encoder–decoder of models/seq2seq.py or abstractor.py
     (sorting; MLU): the encoder's self-attention of every layer and head — with CoDA, also tanh(E), the
     gate and M of each layer, and their histograms — and for an Abstractor its relation matrices and its
     symbols' attention (``_abstractor_pictures``). src (1, T, d) vectors or (1, T) ids on the model's

@@ -18,7 +18,7 @@ from minattn.attention.relational import PositionRelativeRCA, RelationalCrossAtt
 from minattn.engine import Tensor, eval_mode, no_grad
 from minattn.models.abstractor import (AbstractorConfig, AbstractorLayer, AbstractorSeq2Seq, PositionalSymbols,
                                        RelationalClassifier, SimplifiedConfig, SymbolicAttention, build_seq2seq)
-from minattn.models.transformer import (DecoderLayer, EncoderDecoderConfig, EncoderLayer, FeedForwardBlock,
+from minattn.models.seq2seq import (DecoderLayer, EncoderDecoderConfig, EncoderLayer, FeedForwardBlock,
                                         Seq2SeqTransformer, keras_attention)
 from minattn.nn import LayerNorm, keras_fans, sinusoidal_positions, xavier_uniform
 

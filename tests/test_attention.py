@@ -8,7 +8,7 @@ from minattn.attention.geometric import (DirectionalLogits, GeometricAttention, 
 from minattn.attention.multihead import MultiHeadAttention
 from minattn.attention.relative import RelativeMultiHeadAttention, rel_shift
 from minattn.engine import Tensor, eval_mode, no_grad
-from minattn.models.transformer import ARCHITECTURES, Classifier, EncoderConfig
+from minattn.models.encoder import ARCHITECTURES, Classifier, EncoderConfig
 
 from .reference import directional_logits_reference, geometric_attention_weights_reference
 

@@ -18,7 +18,7 @@ from minattn.attention.coda import CoDAttention, PairwiseCoDA, l1_distance, l1_d
 from minattn.attention.multihead import MultiHeadAttention
 from minattn.engine import Tensor, eval_mode, no_grad
 from minattn.gradcheck import GradcheckError, check_backward
-from minattn.models.transformer import CoDASeq2SeqTransformer, EncoderDecoderConfig, Seq2SeqTransformer
+from minattn.models.seq2seq import CoDASeq2SeqTransformer, EncoderDecoderConfig, Seq2SeqTransformer
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tasks  # noqa: E402

@@ -19,7 +19,7 @@ from minattn.attention.multihead import MultiHeadAttention
 from minattn.engine import Tensor, eval_mode, no_grad
 from minattn.gradcheck import check_backward
 from minattn.models.crt import CRTConfig, CRTModel, CRTMultiHeadAttention, format_specialisation, specialisation
-from minattn.models.transformer import Classifier, EncoderConfig
+from minattn.models.encoder import Classifier, EncoderConfig
 
 
 def _fixed_scores(ca, P):

@@ -28,9 +28,9 @@ from minattn.models.abstractor import (AbstractorConfig, AbstractorLayer, Abstra
                                        SymbolicAttention)
 from minattn.models.crt import MODELS as CRT_MODELS, CRTConfig, CRTModel, CRTMultiHeadAttention
 from minattn.models.seq2attn import Seq2Attn, model_config as seq2attn_config
-from minattn.models.transformer import ARCHITECTURES, Classifier, CopyGateLayer, EncoderConfig, PostLNLayer
-from minattn.models.transformer import DecoderLayer, EncoderDecoderConfig, Seq2SeqTransformer, keras_attention
-from minattn.models.transformer import CoDASeq2SeqTransformer
+from minattn.models.encoder import ARCHITECTURES, Classifier, CopyGateLayer, EncoderConfig, PostLNLayer
+from minattn.models.seq2seq import DecoderLayer, EncoderDecoderConfig, Seq2SeqTransformer, keras_attention
+from minattn.models.seq2seq import CoDASeq2SeqTransformer
 from minattn.ops import Softmax
 
 from .reference import directional_logits_reference, geometric_attention_weights_reference

@@ -6,7 +6,7 @@ import pytest
 from minattn import backend, nn, optim
 from minattn import functional as F
 from minattn.engine import Tensor
-from minattn.models.transformer import CopyGateLayer, EncoderConfig
+from minattn.models.encoder import CopyGateLayer, EncoderConfig
 from minattn.attention.geometric import GeometricAttention
 
 from . import counting

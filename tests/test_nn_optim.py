@@ -213,7 +213,7 @@ def test_training_reduces_loss_on_every_device(device):
 def test_either_switch_turns_module_dropout_off():
     """model.eval() alone, or eval_mode() alone, must give the deterministic evaluation output."""
     from minattn.engine import eval_mode
-    from minattn.models.transformer import Classifier, EncoderConfig
+    from minattn.models.encoder import Classifier, EncoderConfig
     model = Classifier("ndr", 19, 8, EncoderConfig(d_model=16, d_ff=16, n_steps=2, dropout=0.5,
                                                    attention_dropout=0.5, gate_dropout=0.5))
     model.set_rng(backend.RNG(0))

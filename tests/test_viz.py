@@ -10,7 +10,8 @@ import pytest
 
 from minattn import backend, viz
 from minattn.models import abstractor, crt, seq2attn
-from minattn.models.transformer import Classifier, CoDASeq2SeqTransformer, EncoderConfig, EncoderDecoderConfig
+from minattn.models.encoder import Classifier, EncoderConfig
+from minattn.models.seq2seq import CoDASeq2SeqTransformer, EncoderDecoderConfig
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tasks  # noqa: E402

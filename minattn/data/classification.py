@@ -61,6 +61,10 @@ class ClassificationSplit:
         majority = np.bincount(self.labels).max() / len(self)   # what always answering one class scores
         return f"samples, {n.min()}-{n.max()} tokens, paper depth {{{hist}}}, majority class {majority:.3f}"
 
+    def batches(self, batch_size: int, rng: np.random.Generator, mode: str = "bucketed"):
+        """Endless training batches (x, lengths, y): ``batches`` below."""
+        return batches(self, batch_size, rng, mode)
+
 
 class ClassificationTask(Task):
     """Base class: vocabulary, classes and the splits of one task.

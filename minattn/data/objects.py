@@ -43,6 +43,11 @@ class ObjectSplit:
             raise ValueError(f"train size {n} is out of range: the train pool has {len(self)} samples")
         return self.subset(np.sort(rng.choice(len(self), n, replace=False)))
 
+    def batches(self, batch_size: int, rng: np.random.Generator):
+        """Endless training batches (ObjectSplits) in Keras-style epochs: ``epoch_batches``."""
+        for idx in epoch_batches(len(self), batch_size, rng):
+            yield self.subset(idx)
+
     def chunks(self, batch_size: int):
         """One pass in order, the last chunk partial (evaluation)."""
         for s in range(0, len(self), batch_size):

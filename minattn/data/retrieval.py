@@ -89,6 +89,11 @@ class RetrievalTask(Task):
         x = np.concatenate([z, onehot], axis=-1).astype(np.float32)
         return x, self.labels(z, prefs).astype(np.float32), prefs
 
+    def batches(self, batch_size: int, rng: np.random.Generator, pool: str = "all"):
+        """Endless training batches: a fresh ``batch`` of ``pool`` every step."""
+        while True:
+            yield self.batch(batch_size, rng, pool)
+
     def labels(self, z: np.ndarray, prefs: np.ndarray) -> np.ndarray:
         """y (B, N) from features z (B, N, S + R) and retrieval choices r* (B, N, S) (Eqs. 15–18)."""
         B, N, _ = z.shape

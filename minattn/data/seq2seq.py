@@ -68,6 +68,13 @@ class Seq2SeqSplit:
             for s in starts:
                 yield self._batch(perm[s:s + batch_size])
 
+    def head(self, n: int) -> "Seq2SeqSplit":
+        """The first n examples (generation order is random, so a fair sample)."""
+        n = min(n, len(self))
+        return Seq2SeqSplit(Ragged(self.inputs.tokens, self.inputs.offsets[:n + 1]),
+                            Ragged(self.targets.tokens, self.targets.offsets[:n + 1]), self.lines[:n],
+                            self.in_vocab, self.out_vocab)
+
     def eval_batches(self, batch_size: int, rows=None):
         """One pass over the split (or over its ``rows``) in order of target length (stable), so a batch
         decodes few steps beyond its rows."""

@@ -16,10 +16,11 @@ are the symbols. Two forms:
   simplified Abstractor → flatten → MLP head.
 
 Model names (``--model``): ``abstractor`` (b), ``abstractor-ablation``, ``transformer-seq2seq`` (the
-baseline, models/transformer.py) and ``abstractor-simplified`` (the discriminative models). Section
+baseline, models/seq2seq.py) and ``abstractor-simplified`` (the discriminative models). Section
 numbers below without "paper" are those of docs/abstractor.md.
 """
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -31,10 +32,8 @@ from ..attention.multihead import check_init
 from ..attention.relational import ACTIVATIONS, RelationalCrossAttention, SimplifiedRCA
 from ..engine import Tensor
 from ..nn import Dropout, LayerNorm, Module, Parameter, sinusoidal_positions, xavier_uniform
-from .transformer import EncoderDecoderConfig, FeedForwardBlock, Seq2SeqTransformer, dense, keras_attention
+from .seq2seq import EncoderDecoderConfig, FeedForwardBlock, Seq2SeqTransformer, dense, keras_attention
 
-SEQ2SEQ_MODELS = ("abstractor", "abstractor-ablation", "transformer-seq2seq")
-CLASSIFIER_MODELS = ("abstractor-simplified",)
 SYMBOLS = ("learned", "sinusoidal", "symbolic")
 
 
@@ -193,16 +192,26 @@ class AbstractorSeq2Seq(Seq2SeqTransformer):
         return A if self.cfg.architecture in ("a", "b") else [E] + A
 
 
+def _transformer_seq2seq(n_tgt_tokens, n_classes, cfg, d_src=None, n_src_tokens=None, seed=0):
+    """The baseline: the encoder–decoder of models/seq2seq.py, from the config's EncoderDecoderConfig fields."""
+    base = EncoderDecoderConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(EncoderDecoderConfig)})
+    return Seq2SeqTransformer(n_tgt_tokens, n_classes, base, d_src, n_src_tokens, seed)
+
+
+# The sorting models by name: the class (or function) that builds each from (n_tgt_tokens, n_classes, cfg, ...).
+SEQ2SEQ_MODELS = {
+    "abstractor": dict(build=AbstractorSeq2Seq),
+    "abstractor-ablation": dict(build=functools.partial(AbstractorSeq2Seq, ablation=True)),
+    "transformer-seq2seq": dict(build=_transformer_seq2seq),
+}
+
+
 def build_seq2seq(name, n_tgt_tokens, n_classes, cfg, d_src=None, n_src_tokens=None, seed=0):
-    """The sorting models by name (``SEQ2SEQ_MODELS``); ``transformer-seq2seq`` uses only the
-    EncoderDecoderConfig fields."""
-    if name == "transformer-seq2seq":
-        base = EncoderDecoderConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(EncoderDecoderConfig)})
-        return Seq2SeqTransformer(n_tgt_tokens, n_classes, base, d_src, n_src_tokens, seed)
+    """The sorting model ``name`` (a row of ``SEQ2SEQ_MODELS``)."""
     if name not in SEQ2SEQ_MODELS:
         raise ValueError(f"unknown model {name!r}; valid models: {', '.join(SEQ2SEQ_MODELS)}")
-    return AbstractorSeq2Seq(n_tgt_tokens, n_classes, cfg, d_src, n_src_tokens, seed,
-                             ablation=name == "abstractor-ablation")
+    return SEQ2SEQ_MODELS[name]["build"](n_tgt_tokens, n_classes, cfg, d_src=d_src, n_src_tokens=n_src_tokens,
+                                         seed=seed)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -263,3 +272,7 @@ class RelationalClassifier(Module):
         if self.hidden is not None:
             h = F.relu(self.hidden(h))
         return self.out(h)
+
+
+# The discriminative models by name (pairwise order, SET).
+CLASSIFIER_MODELS = {"abstractor-simplified": dict(build=RelationalClassifier)}

@@ -21,9 +21,6 @@ from .. import functional as F
 from ..attention.compositional import MASKED, CompositionalAttention, search_mask
 from ..nn import Linear, Module
 
-MODELS = ("mha", "compositional", "compositional-mlp")
-
-
 @dataclass
 class CRTConfig:
     """Model hyperparameters; defaults: the 2-search/4-retrieval task at D = 64 (paper Table 6)."""
@@ -75,6 +72,20 @@ class CRTMultiHeadAttention(Module):
         return (y, A, None) if return_weights else y
 
 
+def _compositional(score):
+    return lambda cfg, rng: CompositionalAttention(cfg.d_model, cfg.searches, cfg.retrievals, concat=cfg.concat,
+                                                   score=score, separate=cfg.separate, mask_diagonal=True, rng=rng)
+
+
+# The CRT models by name: the attention layer each builds from the config, ``(cfg, rng) → module``.
+MODELS = {
+    "mha": dict(attention=lambda cfg, rng: CRTMultiHeadAttention(cfg.d_model, cfg.n_head or cfg.searches,
+                                                                concat=cfg.concat, rng=rng)),
+    "compositional": dict(attention=_compositional("dot")),
+    "compositional-mlp": dict(attention=_compositional("mlp")),    # the linear-score ablation
+}
+
+
 class CRTModel(Module):
     """Encoder MLP → one attention layer → decoder MLP (docs/compositional.md §9). ``name``: one of ``MODELS``."""
 
@@ -85,12 +96,7 @@ class CRTModel(Module):
         D = cfg.d_model
         self.name, self.cfg = name, cfg
         self.enc1, self.enc2 = Linear(in_dim, D, rng=rng), Linear(D, D, rng=rng)
-        if name == "mha":
-            self.attn = CRTMultiHeadAttention(D, cfg.n_head or cfg.searches, concat=cfg.concat, rng=rng)
-        else:
-            self.attn = CompositionalAttention(D, cfg.searches, cfg.retrievals, concat=cfg.concat,
-                                               score="dot" if name == "compositional" else "mlp",
-                                               separate=cfg.separate, mask_diagonal=True, rng=rng)
+        self.attn = MODELS[name]["attention"](cfg, rng)
         self.dec1, self.dec2 = Linear(D, D, rng=rng), Linear(D, 1, rng=rng)
 
     def forward(self, x, return_weights=False):

@@ -1,25 +1,26 @@
-"""The recipes: how each paper's experiments train, one file per paper or kind of task, behind the hook
-interface of ``base.Recipe`` (its module docstring lists the hooks). ``RECIPES`` is the one table
-train.py reads: a new task or model of an existing kind is a row in its recipe (its ``tasks`` or
-``models`` and a preset); a new kind of experiment is one new file here plus its row below.
+"""The recipes: how each paper's experiments train, one file per paper, behind the hook interface of
+``base.Recipe`` (its module docstring lists the hooks). ``RECIPES`` is the one table train.py reads: a new
+task of an existing kind is its generator (minattn/data/) plus its name in the recipe's ``tasks`` and a
+preset row; a new model of an existing kind is a row in its registry (minattn/models/); a new kind of
+experiment is one new file here plus its row below.
 
-    ndr.py          NDR paper: ctl, ctl-backward, arith, listops with NDR, its baselines and the
-                    attention drop-ins (transformer-compositional, transformer-coda)
-    retrieval.py    Compositional Attention: the Contextual Retrieval Task
-    seq2attn.py     seq2attn: lookup tables and SCAN
-    abstractor.py   Abstractor: object sorting, pairwise order, SET
-    mlu.py          CoDA: Mathematical Language Understanding
+    ndr.py            NDR paper: ctl, ctl-backward, arith, listops with NDR, its baselines and the
+                      attention drop-ins (transformer-compositional, transformer-coda)
+    compositional.py  Compositional Attention: the Contextual Retrieval Task
+    seq2attn.py       seq2attn: lookup tables and SCAN
+    abstractor.py     Abstractor: object sorting, pairwise order, SET
+    coda.py           CoDA: Mathematical Language Understanding
 """
-from .abstractor import PairwiseSet, Sort
-from .base import PLOT_EXAMPLES, Recipe, RunConfig, UsageError
-from .mlu import MLU
-from .ndr import Classification
-from .retrieval import Retrieval
-from .seq2attn import Seq2Seq
+from .abstractor import RelationalTasks, Sort
+from .base import PLOT_EXAMPLES, Recipe, RunConfig, Selection, UsageError
+from .coda import CoDA
+from .compositional import Compositional
+from .ndr import NDR
+from .seq2attn import Seq2Attn
 
-__all__ = ["RECIPES", "recipe_for", "Recipe", "RunConfig", "UsageError", "PLOT_EXAMPLES"]
+__all__ = ["RECIPES", "recipe_for", "Recipe", "RunConfig", "Selection", "UsageError", "PLOT_EXAMPLES"]
 
-RECIPES = [Classification, Retrieval, Seq2Seq, Sort, PairwiseSet, MLU]
+RECIPES = [NDR, Compositional, Seq2Attn, Sort, RelationalTasks, CoDA]
 
 
 def recipe_for(task):

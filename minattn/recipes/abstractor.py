@@ -8,98 +8,65 @@ import numpy as np
 
 from .. import backend, viz
 from .. import functional as F
-from ..data import PairwiseOrderTask, SetTask, SortTask, epoch_batches, is_set
+from ..data import PairwiseOrderTask, SetTask, SortTask, is_set
 from ..engine import eval_mode, no_grad
 from ..models import abstractor
-from .base import Recipe, RunConfig, UsageError, example_name, plot_sample, sample_name
+from .base import EpochSchedule, Recipe, Selection, example_name, fraction, plot_sample, sample_name
 
 
 @dataclasses.dataclass
-class SortConfig(abstractor.AbstractorConfig):
-    """The sorting models' settings (AbstractorConfig; transformer-seq2seq reads only its EncoderDecoderConfig
-    fields) plus the run's. Unless --steps / --eval-every are given, both are counted in epochs."""
-    train_size: int = 500          # training sequences, sampled from the 70,000 pool with the run's seed
-    epochs: int = 400
-    eval_epochs: int = 1           # evaluate (and select the model) every this many epochs
-    patience: int = 50             # stop after this many epochs without a better selection metric (0: never)
+class SortOptions(EpochSchedule):
+    """The sorting run's options: its training set, its epochs (EpochSchedule) and its stopping rule."""
     stop_on: str = "valid_tf"      # the selection and stopping metric: "valid_tf" (the released code) or
                                    # "train_loss" (the code behind the paper's Fig. 4; see Sort)
 
 
 @dataclasses.dataclass
-class RelationalConfig(abstractor.SimplifiedConfig):
-    """The simplified Abstractor's settings (SimplifiedConfig) plus the run's (epochs as SortConfig)."""
-    train_size: int = 2015         # training samples drawn from the train pool (of 2,015 pairs; 7,000 triples)
-    epochs: int = 100
-    eval_epochs: int = 1
-    patience: int = 0              # as SortConfig; 0: every run trains all its epochs
+class RelationalOptions(EpochSchedule):
+    """The pairwise and SET runs' options: their training set and epochs (EpochSchedule), SET's cards."""
     cards: str = "onehot"          # SET card vectors: "onehot" (12-d) or "random64" (§6.3)
 
 
-def sort_config(task, model, preset):
-    """§6.1: Adam lr 1e-3 (AdamW without decay; ε 1e-8 where Keras has 1e-7), batch 512, no clipping,
-    up to 400 epochs with early stopping on the validation teacher-forcing accuracy (patience 50 epochs),
-    the best evaluation reported. "cpu": the same, evaluated every 10 epochs (so patience is 5 evaluations)."""
-    mc = SortConfig(eval_epochs=1 if preset == "paper" else 10)
-    if model == "transformer-seq2seq":
-        mc = dataclasses.replace(mc, n_encoder_layers=4, n_decoder_layers=4)
-    return RunConfig(task=task, model=model, preset=preset, steps=None, batch_size=512, lr=1e-3, weight_decay=0.0,
-                     grad_clip=0.0, eval_every=None, eval_batch_size=2000, model_config=mc)
+# --- sorting (§6.1): Adam lr 1e-3 (AdamW without decay; ε 1e-8 where Keras has 1e-7), batch 512, no clipping,
+# 500 training sequences sampled from the 70,000 pool with the run's seed, up to 400 epochs with early stopping
+# on the validation teacher-forcing accuracy (patience 50 epochs), the best evaluation reported. The models'
+# fields are AbstractorConfig's (transformer-seq2seq reads only its EncoderDecoderConfig fields).
+SORT_RUN = dict(batch_size=512, eval_batch_size=2000, lr=1e-3, weight_decay=0.0, grad_clip=0.0, steps=None,
+                eval_every=None, train_size=500, epochs=400, eval_epochs=1, patience=50, stop_on="valid_tf")
+SORT_PAPER = {
+    ("sort", "abstractor"): dict(SORT_RUN),
+    ("sort", "abstractor-ablation"): dict(SORT_RUN),
+    ("sort", "transformer-seq2seq"): dict(SORT_RUN, n_encoder_layers=4, n_decoder_layers=4),
+}
+# "cpu": the same, evaluated every 10 epochs (so patience is 5 evaluations)
+SORT_CPU = {"*": dict(eval_epochs=10)}
 
-
-# §6.2–6.3: pairwise 100 epochs (sigmoid, asymmetric, no W_q/W_k bias, head Dense(32, ReLU) → 1 logit),
-# SET 200 epochs (linear, symmetric with bias, d_ff 128, head → 2 logits, 2,000 training triples).
-RELATIONAL = {
-    "pairwise": RelationalConfig(),
-    "set": RelationalConfig(activation="linear", symmetric=True, rel_bias=True, d_ff=128, head_hidden=0,
-                            train_size=2000, epochs=200),
+# --- pairwise order and SET (§6.2–6.3): Adam lr 1e-3, batch 64, no clipping, every epoch trained (patience 0).
+# Pairwise: 100 epochs over all 2,015 training pairs (sigmoid, asymmetric, no W_q/W_k bias, head Dense(32,
+# ReLU) → 1 logit); SET: 200 epochs over 2,000 training triples (linear, symmetric with bias, d_ff 128, head
+# → 2 logits). Both presets are the paper's: a run takes minutes.
+RELATIONAL_RUN = dict(batch_size=64, eval_batch_size=2048, lr=1e-3, weight_decay=0.0, grad_clip=0.0, steps=None,
+                      eval_every=None, eval_epochs=1, patience=0)
+RELATIONAL_PAPER = {
+    ("pairwise", "abstractor-simplified"): dict(RELATIONAL_RUN, train_size=2015, epochs=100),
+    ("set", "abstractor-simplified"): dict(RELATIONAL_RUN, train_size=2000, epochs=200, activation="linear",
+                                           symmetric=True, rel_bias=True, d_ff=128, head_hidden=0),
 }
 
 
-def relational_config(task, model, preset):
-    """Adam lr 1e-3, batch 64, no clipping. Both presets are the paper's: a run takes minutes."""
-    return RunConfig(task=task, model=model, preset=preset, steps=None, batch_size=64, lr=1e-3, weight_decay=0.0,
-                     grad_clip=0.0, eval_every=None, eval_batch_size=2048,
-                     model_config=dataclasses.replace(RELATIONAL[task]))   # a copy: runs share no config
-
-
-class ObjectTask(Recipe):
+class ObjectRecipe(Recipe):
     """Shared by the Abstractor recipes: the training set is ``train_size`` samples of the task's train
-    pool drawn with the run's seed; Keras-style epochs (a fresh permutation, the last batch partial);
-    steps and eval_every default to ``epochs`` and ``eval_epochs`` whole epochs; early stopping after
-    ``patience`` epochs without a better selection metric; everything is reported at the selected
-    evaluation (the reference restores the best parameters)."""
-    report_final = ()
-
-    def __init__(self, cfg):
-        super().__init__(cfg)
-        mc = cfg.model_config
-        self.per_epoch = -(-mc.train_size // cfg.batch_size)
-        cfg.steps = mc.epochs * self.per_epoch if cfg.steps is None else cfg.steps
-        cfg.eval_every = mc.eval_epochs * self.per_epoch if cfg.eval_every is None else cfg.eval_every
-
-    def stop_early(self, step, history):
-        """As Keras' EarlyStopping: right after an evaluation, once ``patience`` epochs have passed since the
-        selection metric last strictly improved."""
-        patience = self.cfg.model_config.patience * self.per_epoch
-        if not patience or not history or step % self.cfg.eval_every:
-            return False
-        sign = 1 if self.metric_higher_is_better else -1
-        first_best = max(history, key=lambda e: (sign * e[self.select_split], -e["step"]))
-        return step - first_best["step"] >= patience
+    pool drawn with the run's seed, in Keras-style epochs (a fresh permutation, the last batch partial:
+    EpochSchedule); everything is reported at the selected evaluation (the reference restores the best
+    parameters)."""
 
     def load_task(self):
-        try:
-            self.task = self.make_task()
-            self.train_set = self.task.splits["train"].sample(self.cfg.model_config.train_size,
-                                                              np.random.default_rng([self.cfg.seed, 2]))
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-        return self.task
+        self.task = self.make_task()
+        self.train_set = self.task.splits["train"].sample(self.cfg.options.train_size,
+                                                          np.random.default_rng([self.cfg.seed, 2]))
 
     def batches(self, rng):
-        for idx in epoch_batches(len(self.train_set), self.cfg.batch_size, rng):
-            yield self.train_set.subset(idx)
+        return self.train_set.batches(self.cfg.batch_size, rng)
 
     def _objects(self, split):
         return backend.to_device(self.task.objects[split.index], self.cfg.device)
@@ -111,53 +78,53 @@ class ObjectTask(Recipe):
         for text in texts:
             index = np.array([int(t) for t in text.split() if t.isdigit()])
             if len(text.split()) != m or len(set(index.tolist())) != m or not (index < n).all():
-                raise UsageError(f"--example {text!r}: give {m} distinct object indices in 0..{n - 1}")
+                raise ValueError(f"--example {text!r}: give {m} distinct object indices in 0..{n - 1}")
             examples.append((example_name(text), index))
         return examples or [(sample_name("test", i, split), split.index[i]) for i in plot_sample(len(split))]
 
 
-class Sort(ObjectTask):
+class Sort(ObjectRecipe):
     """Object sorting with the encoder–decoder models (§6.1): cross-entropy over the 10 positions under
     teacher forcing. Model selection on the validation teacher-forcing accuracy ``valid_tf``. The greedy
     metrics — full-sequence accuracy ``valid`` and ``test`` (the reported one), element-wise ``test_elem``
-    — decode 30,000 sequences (~20 s here), so they are computed once, after training, with the selected
-    evaluation's parameters (``selected_only``); metrics.jsonl has ``valid_tf`` and ``train`` (greedy
-    full-sequence accuracy on the training set) at every evaluation. Measured on the 2-core machine (one BLAS
-    thread): ~0.46 s/step (Abstractor) and ~0.54 s/step (Transformer) at batch 500, an evaluation
-    a few seconds; early stopping ends most runs before 400 epochs."""
+    — decode 30,000 sequences, so they are computed once, after training, with the selected evaluation's
+    parameters (``Selection.once``); metrics.jsonl has ``valid_tf`` and ``train`` (greedy full-sequence
+    accuracy on the training set) at every evaluation; early stopping ends most runs before 400 epochs.
+
+    ``stop_on=train_loss`` is the rule of the authors' sorting script when the paper's Fig. 4 was made
+    (jdlafferty/relational, May 2023: Keras ``EarlyStopping(monitor='loss', patience=10,
+    restore_best_weights=True)``, 200 epochs by default): select and stop on the epoch's mean training
+    loss. Nothing else is evaluated during training then (valid and test are decoded once, at the
+    selected epoch), so evaluating every epoch costs nothing."""
     tasks = ("sort",)
     models = abstractor.SEQ2SEQ_MODELS
-    select_split = "valid_tf"
-    selected_only = ("valid", "test", "test_elem")
-    config = staticmethod(sort_config)
-    STOP_ON = ("valid_tf", "train_loss")
+    PAPER, CPU = SORT_PAPER, SORT_CPU
+    ModelConfig, Options = abstractor.AbstractorConfig, SortOptions
+    GREEDY = ("valid", "test", "test_elem")
+    SELECTION = {"valid_tf": Selection(metric="valid_tf", once=GREEDY),
+                 "train_loss": Selection(metric="train_loss", higher=False, once=GREEDY)}
 
-    def __init__(self, cfg):
-        """``stop_on=train_loss`` is the rule of the authors' sorting script when the paper's Fig. 4 was made
-        (jdlafferty/relational, May 2023: Keras ``EarlyStopping(monitor='loss', patience=10,
-        restore_best_weights=True)``, 200 epochs by default): select and stop on the epoch's mean training
-        loss. Nothing else is evaluated during training then (valid and test are decoded once, at the
-        selected epoch), so evaluating every epoch costs nothing."""
-        super().__init__(cfg)
-        if cfg.model_config.stop_on not in self.STOP_ON:
-            raise UsageError(f"--set stop_on={cfg.model_config.stop_on}: choose one of {', '.join(self.STOP_ON)}")
-        if cfg.model_config.stop_on == "train_loss":
-            self.select_split, self.metric_higher_is_better = "train_loss", False
+    @classmethod
+    def derive(cls, row, task, model):
+        if row["stop_on"] not in cls.SELECTION:
+            raise ValueError(f"--set stop_on={row['stop_on']}: choose one of {', '.join(cls.SELECTION)}")
+        return row
+
+    @property
+    def selection(self):
+        if self.cfg.options.stop_on not in self.SELECTION:
+            raise ValueError(f"--set stop_on={self.cfg.options.stop_on}: choose one of {', '.join(self.SELECTION)}")
+        return self.SELECTION[self.cfg.options.stop_on]
 
     def make_task(self):
         return SortTask()
 
     def build_model(self):
-        try:
-            return abstractor.build_seq2seq(self.cfg.model, SortTask.START + 1, SortTask.LENGTH,
-                                            self.cfg.model_config, d_src=self.task.objects.shape[1], seed=self.cfg.seed)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
+        return abstractor.build_seq2seq(self.cfg.model, SortTask.START + 1, SortTask.LENGTH, self.cfg.model_config,
+                                        d_src=self.task.objects.shape[1], seed=self.cfg.seed)
 
     def _arrays(self, split):
-        to = backend.to_device
-        return (self._objects(split), to(SortTask.decoder_inputs(split.labels), self.cfg.device),
-                to(split.labels, self.cfg.device))
+        return (self._objects(split), *self.to_device((SortTask.decoder_inputs(split.labels), split.labels)))
 
     def loss(self, model, batch):
         x, tgt_in, y = self._arrays(batch)
@@ -173,24 +140,20 @@ class Sort(ObjectTask):
             seqs, tokens = seqs + (pred == y).all(axis=1).sum(), tokens + (pred == y).sum()
         return seqs, tokens
 
-    @staticmethod
-    def _frac(count, split, per_token=False):
-        return round(float(backend.to_numpy(count)) / (split.labels.size if per_token else len(split)), 5)
-
     def evaluate(self, model):
-        if self.select_split == "train_loss":   # the loop logs the training loss itself
+        if self.selection.metric == "train_loss":   # the loop logs the training loss itself
             return {}
         valid = self.task.splits["valid"]
         with no_grad(), eval_mode():
-            return {"valid_tf": self._frac(self._count(model, valid, False)[1], valid, True),
-                    "train": self._frac(self._count(model, self.train_set, True)[0], self.train_set)}
+            return {"valid_tf": fraction(self._count(model, valid, False)[1], valid.labels.size),
+                    "train": fraction(self._count(model, self.train_set, True)[0], len(self.train_set))}
 
     def evaluate_selected(self, model):
-        splits = self.task.splits
+        valid, test = self.task.splits["valid"], self.task.splits["test"]
         with no_grad(), eval_mode():
-            seqs, tokens = self._count(model, splits["test"], True)
-            return {"valid": self._frac(self._count(model, splits["valid"], True)[0], splits["valid"]),
-                    "test": self._frac(seqs, splits["test"]), "test_elem": self._frac(tokens, splits["test"], True)}
+            seqs, tokens = self._count(model, test, True)
+            return {"valid": fraction(self._count(model, valid, True)[0], len(valid)),
+                    "test": fraction(seqs, len(test)), "test_elem": fraction(tokens, test.labels.size)}
 
     def plot_examples(self, model, texts):
         """Encoder attention, the Abstractor's relation matrices and its symbols' attention, on test sequences
@@ -204,35 +167,50 @@ class Sort(ObjectTask):
         return pictures
 
 
-class PairwiseSet(ObjectTask):
+def _pairwise_tokens(task, index):
+    return [f"o{i}" for i in index], int(index[0] < index[1])
+
+
+def _set_tokens(task, index):
+    """A card is shown with its attribute values (number, colour, pattern, shape)."""
+    attrs = task.attributes[index]
+    return [f"{i}:{''.join(map(str, a))}" for i, a in zip(index, attrs)], int(is_set(attrs))
+
+
+# The two tasks as rows: the data, the logits (one: a sigmoid and binary cross-entropy; two: a softmax), and
+# how --plot names a sample's objects and classes.
+RELATIONAL_TASKS = {
+    "pairwise": dict(make=lambda options: PairwiseOrderTask(), n_out=1, tokens=_pairwise_tokens,
+                     classes=("first > second", "first < second")),
+    "set": dict(make=lambda options: SetTask(cards=options.cards), n_out=2, tokens=_set_tokens,
+                classes=("no SET", "SET")),
+}
+
+
+class RelationalTasks(ObjectRecipe):
     """Pairwise order and SET with the simplified Abstractor (§6.2, §6.3): binary cross-entropy on one
     logit (pairwise) or softmax cross-entropy on two (SET); accuracy on ``train`` (the training set),
     ``valid`` and ``test``, reported at the evaluation with the lowest validation loss ``valid_loss``.
     SET cards are not images (a documented deviation): its numbers are not directly comparable with
-    the paper's. About 5 ms/step on the 2-core machine: a pairwise run (3,200 steps) takes ~1 min."""
-    tasks = ("pairwise", "set")
+    the paper's."""
+    tasks = tuple(RELATIONAL_TASKS)
     models = abstractor.CLASSIFIER_MODELS
-    select_split = "valid_loss"
-    metric_higher_is_better = False
-    config = staticmethod(relational_config)
+    PAPER = RELATIONAL_PAPER
+    ModelConfig, Options = abstractor.SimplifiedConfig, RelationalOptions
+    selection = Selection(metric="valid_loss", higher=False)
 
     def make_task(self):
-        if self.cfg.task == "pairwise":
-            return PairwiseOrderTask()
-        return SetTask(cards=self.cfg.model_config.cards)
+        self.row = RELATIONAL_TASKS[self.cfg.task]
+        return self.row["make"](self.cfg.options)
 
     def build_model(self):
-        n_out = 1 if self.cfg.task == "pairwise" else 2
-        try:
-            return abstractor.RelationalClassifier(self.task.objects.shape[1], self.train_set.index.shape[1], n_out,
-                                                   self.cfg.model_config, seed=self.cfg.seed)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
+        return abstractor.RelationalClassifier(self.task.objects.shape[1], self.train_set.index.shape[1],
+                                               self.row["n_out"], self.cfg.model_config, seed=self.cfg.seed)
 
     def loss(self, model, batch):
         """(mean loss, {"acc": correct}, n) for a split or batch."""
         logits, y = model(self._objects(batch)), backend.to_device(batch.labels, self.cfg.device)
-        if self.cfg.task == "pairwise":
+        if self.row["n_out"] == 1:
             z, t = logits[:, 0], y.astype(logits.dtype)
             loss = -(F.logsigmoid(z) * t + F.logsigmoid(-z) * (1 - t)).mean()
             return loss, {"acc": ((z.data > 0) == (y == 1)).sum()}, len(y)
@@ -247,23 +225,17 @@ class PairwiseSet(ObjectTask):
                 for chunk in split.chunks(self.cfg.eval_batch_size):
                     chunk_loss, stats, n = self.loss(model, chunk)
                     loss, correct = loss + chunk_loss.data * n, correct + stats["acc"]
-                result[name] = round(float(backend.to_numpy(correct)) / len(split), 5)
+                result[name] = fraction(correct, len(split))
                 if name == "valid":
-                    result["valid_loss"] = round(float(backend.to_numpy(loss)) / len(split), 5)
+                    result["valid_loss"] = fraction(loss, len(split))
         return result
 
     def plot_examples(self, model, texts):
         """The relation matrices of every layer and relation, on test samples or --example object indices
         (pairwise: "5 41", two of the 64 objects; set: "0 40 80", three of the 81 cards)."""
-        pictures = []
+        pictures, classes = [], self.row["classes"]
         for name, index in self._plot_samples(texts):
-            if self.cfg.task == "pairwise":
-                tokens, classes = [f"o{i}" for i in index], ("first > second", "first < second")
-                target = int(index[0] < index[1])
-            else:  # a card is shown with its attribute values (number, colour, pattern, shape)
-                attrs = self.task.attributes[index]
-                tokens = [f"{i}:{''.join(map(str, a))}" for i, a in zip(index, attrs)]
-                classes, target = ("no SET", "SET"), int(is_set(attrs))
+            tokens, target = self.row["tokens"](self.task, index)
             title = f"{self.cfg.task} / {self.cfg.model}: {' '.join(tokens)} (target {classes[target]})"
             x = backend.to_device(self.task.objects[index][None], self.cfg.device)
             pictures += viz.relational_pictures(model, x, tokens, title, name, classes)

@@ -1,26 +1,33 @@
 """The recipe interface: what train.py's loop asks of every kind of experiment.
 
-A recipe is one paper's (or one kind of task's) way to train: how it builds its model, draws batches,
-computes the loss, evaluates and selects, and draws pictures. train.py runs the same loop for all of
-them; ``minattn/recipes/__init__.py`` lists them in one table (``RECIPES``). A recipe is a subclass of
-``Recipe`` with these class attributes and hooks:
+A recipe is one paper's way to train: its presets, how it builds its model, draws batches, computes the
+loss, evaluates and selects, and draws pictures. train.py runs the same loop for all of them;
+``minattn/recipes/__init__.py`` lists them in one table (``RECIPES``). A recipe is a subclass of ``Recipe``
+with these tables and hooks:
 
-    tasks, models                  the --task and --model names it trains
-    config(task, model, preset)    the preset's RunConfig (a classmethod/staticmethod; before --set)
+    tasks, models                  the --task and --model names it trains (models: a registry of named rows)
+    PAPER, CPU                     its presets: the paper's row per (task, model), and the "cpu" preset's
+                                   overrides with their reasons (``preset_row`` reads them; see below)
+    Options                        its task options (a dataclass, e.g. SCAN's split), or None
+    selection                      which logged value selects the reported evaluation (``Selection``)
     load_task()                    generate (or load) the data; keep it on self
     build_model()                  the network (a minattn.nn.Module)
-    batches(rng)                   an endless stream of host-side training batches, a pure function of rng
+    batches(rng)                   an endless generator of host-side training batches, a pure function of rng
     loss(model, batch)             (loss Tensor, {name: device scalar summed over the batch}, batch size)
-    evaluate(model)                {metric name: number} of every split, under no_grad()/eval_mode()
-    evaluate_selected(model)       metrics computed once, at the end, with the selected parameters
-    log_extra(model)               extra numbers for the metrics log (e.g. a mean gate)
-    optimizer(params)              default: AdamW at the run's constant lr and weight decay
-    stop_early(step, history)      default: never (early stopping)
+    evaluate(model)                {metric: number} under no_grad()/eval_mode(): the metrics results.json reports
+    evaluate_selected(model)       the metrics of ``selection.once``: computed once, at the end, with the
+                                   selected parameters
+    log_extra(model)               extra numbers for the metrics log that are not metrics (e.g. a mean gate)
     analyze(model)                 text about a trained model (train.py --analyze)
     plot_examples(model, texts)    viz pictures of a trained model (train.py --plot)
 
-and the selection attributes below (which split selects the reported evaluation, which way is better,
-which splits are reported at the end instead). Only the first six hooks have no default.
+Only the first five hooks have no default. A hook may raise ValueError for a bad user value (an unknown
+--set choice, a train size larger than the pool): train.py turns it into a one-line UsageError.
+
+A run's configuration (``RunConfig``) has three parts that do one thing each: the run's schedule and
+optimizer (RunConfig's own fields), the task options (``options``: the recipe's ``Options``) and the
+model (``model_config``: the dataclass of the model's registry row). A preset row names fields of all
+three; ``Recipe.config`` sorts them by name.
 """
 import dataclasses
 import re
@@ -42,36 +49,169 @@ class RunConfig:
     preset: str = "cpu"
     device: str = "cpu"
     seed: int = 0
-    steps: int = 3000              # optimizer steps
+    steps: int = 3000              # optimizer steps (None: counted in epochs, see ``EpochSchedule``)
     batch_size: int = 128
-    lr: float = 3e-4               # constant, no warm-up or decay (docs/ndr.md §6)
+    lr: float = 3e-4               # AdamW's rate (constant unless the options have a warm-up)
     weight_decay: float = 0.01     # AdamW, on all parameters (docs/ndr.md §6)
     grad_clip: float = 5.0         # global L2 norm (0: no clipping)
     batching: str = "bucketed"     # "bucketed" (length-sorted batches), "random" (with replacement),
                                    # "balanced" / "stratified" (depths drawn uniformly per batch / per
                                    # sample) or, for seq2seq tasks, "shuffled" (a new permutation each epoch)
-    eval_every: int = 500
+    eval_every: int = 500          # (None: counted in epochs, see ``EpochSchedule``)
     eval_batch_size: int = 1024
-    model_config: object = None    # the recipe's model dataclass (e.g. EncoderConfig)
+    model_config: object = None    # the model's dataclass (e.g. EncoderConfig): the model and nothing else
+    options: object = None         # the recipe's task options (its ``Options``), or None
+
+
+@dataclasses.dataclass
+class EpochSchedule:
+    """Task options of a recipe that trains in Keras-style epochs over a training set of ``train_size``
+    samples: unless --steps / --eval-every are given, the step budget is ``epochs`` epochs and an evaluation
+    comes every ``eval_epochs`` epochs (``schedule`` resolves both before the recipe is built); training
+    stops after ``patience`` epochs without a better selection metric (0: never)."""
+    train_size: int = 0
+    epochs: int = 0
+    eval_epochs: int = 1
+    patience: int = 0
+
+
+def schedule(cfg):
+    """``cfg`` with its step budget and evaluation interval counted (a copy: the preset keeps its Nones).
+    Epoch counts apply to what is None; everything else is the configuration's own."""
+    if isinstance(cfg.options, EpochSchedule):
+        per_epoch = steps_per_epoch(cfg)
+        return dataclasses.replace(
+            cfg, steps=cfg.options.epochs * per_epoch if cfg.steps is None else cfg.steps,
+            eval_every=cfg.options.eval_epochs * per_epoch if cfg.eval_every is None else cfg.eval_every)
+    return cfg
+
+
+def steps_per_epoch(cfg):
+    """Batches of one epoch over the training set (the last one partial, as Keras' fit)."""
+    return -(-cfg.options.train_size // cfg.batch_size)
+
+
+def stop_early(cfg, selection, step, history):
+    """Early stopping (``EpochSchedule.patience``), as Keras' EarlyStopping: True right after an evaluation,
+    once ``patience`` epochs have passed since the selection metric last strictly improved. Asked before every
+    step with the evaluations logged so far (restored on --resume, so a resumed run stops where a straight one
+    does)."""
+    if not isinstance(cfg.options, EpochSchedule) or not cfg.options.patience:
+        return False
+    if not history or step % cfg.eval_every:
+        return False
+    sign = 1 if selection.higher else -1
+    first_best = max(history, key=lambda e: (sign * e[selection.metric], -e["step"]))
+    return step - first_best["step"] >= cfg.options.patience * steps_per_epoch(cfg)
+
+
+@dataclasses.dataclass
+class WarmupSchedule:
+    """Task options of a recipe that trains with the Transformer's schedule (``WarmupAdamW``)."""
+    warmup: int = 1000             # steps of linear learning-rate warm-up, then lr·√(warmup/step)
+
+
+class WarmupAdamW(optim.AdamW):
+    """AdamW (β 0.9/0.98, ε 1e-9; docs/coda.md §6) whose rate rises linearly to ``lr`` over ``warmup`` steps,
+    then decays as lr·√(warmup/t) (Vaswani et al. 2017, §5.3, with the peak given directly). The rate is a
+    function of the step count alone, so --resume continues the schedule exactly."""
+
+    def __init__(self, params, lr, warmup, weight_decay=0.0):
+        super().__init__(params, lr, betas=(0.9, 0.98), eps=1e-9, weight_decay=weight_decay)
+        self.peak, self.warmup = lr, warmup
+
+    def step(self):
+        t = self.t + 1
+        self.lr = self.peak * min(t / self.warmup, (self.warmup / t) ** 0.5) if self.warmup else self.peak
+        super().step()
+
+
+def optimizer(cfg, params):
+    """AdamW at the run's rate and weight decay: constant, or with the options' warm-up (``WarmupSchedule``)."""
+    if isinstance(cfg.options, WarmupSchedule):
+        return WarmupAdamW(params, cfg.lr, cfg.options.warmup, cfg.weight_decay)
+    return optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """The model-selection rule of a task, one value: the logged ``metric`` that selects the reported
+    evaluation (None: the last evaluation), whether ``higher`` is better (ties go to the later evaluation),
+    the metrics reported at the ``final`` evaluation instead of the selected one, and those computed
+    ``once``, at the end, with the selected parameters (``evaluate_selected``)."""
+    metric: str = "valid"
+    higher: bool = True
+    final: tuple = ()
+    once: tuple = ()
+
+
+def preset_row(recipe, task, model, preset):
+    """The preset of (task, model) as one dict of fields by name: the paper's row of ``recipe.PAPER`` (a task
+    may share another's rows, ``SAME_ROWS``; a model without a row of its own takes ``ROW_OF_ANY_MODEL``'s),
+    and for "cpu" the overrides of ``recipe.CPU`` in this order: "*" (every run), the task, the model,
+    (task, model). A missing row is a UsageError that names the rows there are."""
+    task = recipe.SAME_ROWS.get(task, task)
+    paper, fallback = recipe.PAPER, recipe.ROW_OF_ANY_MODEL
+    row = paper.get((task, model), paper.get((task, fallback)))
+    if row is None:
+        valid = ", ".join(m for t, m in paper if t == task)
+        raise UsageError(f"no preset for {task} / {model}; " + (f"models with one: {valid}" if valid else
+                         f"tasks with one: {', '.join(dict.fromkeys(t for t, _ in paper))}"))
+    row = dict(row)
+    if preset == "cpu":
+        for key in ("*", task, model, (task, model)):
+            row.update(recipe.CPU.get(key, {}))
+    return row
+
+
+def fields(cls):
+    return [f.name for f in dataclasses.fields(cls)] if cls is not None else []
 
 
 class Recipe:
     """The interface train() relies on (see the module docstring)."""
     tasks = ()                       # task names this recipe trains
-    models = ()                      # model names it builds
-    select_split = "valid"           # the metric that selects the reported evaluation (None: the last one)
-    report_final = ("iid",)          # metrics reported at the end of training rather than at selection
-    selected_only = ()               # metrics computed once, at the end, by evaluate_selected()
-    metric_higher_is_better = True
-    has_split = False                # True: config() takes a split argument (--split, e.g. SCAN's)
+    models = {}                      # model name → its registry row (models/*.py)
+    PAPER, CPU = {}, {}              # presets (``preset_row``)
+    SAME_ROWS = {}                   # task → the task whose preset rows it uses
+    ROW_OF_ANY_MODEL = None          # the model whose rows a model without its own uses (None: none)
+    ModelConfig = None               # the model config class (``model_config_class``)
+    Options = None                   # the task options class, or None
+    selection = Selection()          # or {task: Selection}
 
     def __init__(self, cfg):
         self.cfg = cfg
 
+    # --- configuration: class methods, so train.py resolves a run before it builds the recipe ------------
+
     @classmethod
-    def config(cls, task, model, preset):
-        """The RunConfig of a preset (before command-line overrides)."""
-        raise NotImplementedError
+    def model_config_class(cls, model):
+        return cls.ModelConfig
+
+    @classmethod
+    def derive(cls, row, task, model):
+        """Fields a preset computes from its other fields (e.g. SCAN's steps from its split); default none."""
+        return row
+
+    @classmethod
+    def config(cls, task, model, preset, **options):
+        """The RunConfig of a preset (before command-line overrides other than the task ``options``, which
+        choose the data a preset may count in)."""
+        row = preset_row(cls, task, model, preset)
+        row = cls.derive({**row, **options}, task, model)
+        parts = {"run": {}, "model": {}, "options": {}}
+        model_fields, option_fields = set(fields(cls.model_config_class(model))), set(fields(cls.Options))
+        for key, value in row.items():
+            parts["model" if key in model_fields else "options" if key in option_fields else "run"][key] = value
+        return RunConfig(task=task, model=model, preset=preset, **parts["run"],
+                         model_config=cls.model_config_class(model)(**parts["model"]),
+                         options=cls.Options(**parts["options"]) if cls.Options else None)
+
+    # --- the run -------------------------------------------------------------------------------------------
+
+    def rule(self):
+        """This run's ``Selection``."""
+        return self.selection[self.cfg.task] if isinstance(self.selection, dict) else self.selection
 
     def load_task(self):
         raise NotImplementedError
@@ -88,27 +228,18 @@ class Recipe:
         raise NotImplementedError
 
     def evaluate(self, model):
-        """{split: metric} under no_grad/eval_mode."""
+        """{metric: number} under no_grad/eval_mode."""
         raise NotImplementedError
 
     def evaluate_selected(self, model):
-        """{split: metric} for the ``selected_only`` splits, computed once after training with the parameters
-        of the selected evaluation (train() keeps a copy of them, checkpointed): for metrics too slow to
-        compute at every evaluation, such as greedy decoding of a large test set."""
+        """{metric: number} for the ``once`` metrics of the selection rule, computed once after training with
+        the parameters of the selected evaluation (train() keeps a copy of them, checkpointed): for metrics
+        too slow to compute at every evaluation, such as greedy decoding of a large test set."""
         return {}
 
     def log_extra(self, model):
-        """Extra numbers for the metrics log (e.g. the mean gate)."""
+        """Numbers for the metrics log that are not metrics (e.g. the mean gate)."""
         return {}
-
-    def optimizer(self, params):
-        """The optimizer (default: AdamW at the run's constant learning rate and weight decay)."""
-        return optim.AdamW(params, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
-
-    def stop_early(self, step, history):
-        """True to end training before ``cfg.steps`` (early stopping); asked before every step with the
-        evaluations logged so far (restored on --resume, so a resumed run stops where a straight one does)."""
-        return False
 
     def analyze(self, model):
         """Text describing what a trained model does (``train.py --analyze``)."""
@@ -124,7 +255,25 @@ class Recipe:
         return [backend.to_device(a, self.cfg.device) for a in arrays]
 
 
-# --- what --plot shows: the same few test examples for every run of a task, files named after them --------
+# --- shared bodies: counting correct predictions, --example parsing, --plot's sample ------------------------
+
+def fraction(count, n):
+    """A device count over n, as a rounded host number (one sync per metric)."""
+    return round(float(backend.to_numpy(count)) / n, 5)
+
+
+def parse_tokens(text, vocab, split=str.split):
+    """--example TEXT → token ids in ``vocab`` (``split`` cuts the text: words, or characters); a ValueError
+    names the unknown tokens and the valid ones."""
+    index = {t: i for i, t in enumerate(vocab)}
+    tokens = split(text)
+    unknown = [t for t in tokens if t not in index]
+    if unknown or not tokens:
+        valid = " ".join(t for t in vocab if not t.startswith("<"))
+        raise ValueError(f"--example {text!r}: {'unknown ' + ' '.join(unknown) if unknown else 'empty'}; "
+                         f"input tokens: {valid}")
+    return np.array([index[t] for t in tokens])
+
 
 PLOT_EXAMPLES = 3   # test examples --plot shows, drawn with a fixed seed: the same ones for every run of a task
 

@@ -11,69 +11,58 @@ from .. import backend, viz
 from ..data import SCAN_SPLITS, get_task, scan_split
 from ..engine import Tensor, eval_mode, no_grad
 from ..models import seq2attn
-from .base import Recipe, RunConfig, UsageError, example_name, plot_sample, sample_name
+from .base import Recipe, Selection, example_name, fraction, parse_tokens, plot_sample, sample_name
 
 
 @dataclasses.dataclass
-class Seq2SeqConfig(seq2attn.Seq2AttnConfig):
-    """The seq2attn model's settings (Seq2AttnConfig: sizes, cell, the G/E/F/T switches, τ) plus the task's."""
+class SplitOptions:
+    """The task's options."""
     split: str = ""                # scan: the split (data.SCAN_SPLITS); lookup has one structure (sample1)
 
 
-# The "paper" preset's sizes (paper Table 3; §2.5, §3.6). The dropout acts between RNN layers, a no-op
-# with one layer (§1.6).
-PAPER_SIZES = {
-    ("lookup", "seq2attn"): dict(d_embedding=256, d_hidden=256, n_layers=1, cell="gru", dropout=0.5),
-    ("lookup", "seq2seq"): dict(d_embedding=128, d_hidden=512, n_layers=1, cell="gru", dropout=0.5),
-    ("scan", "seq2attn"): dict(d_embedding=512, d_hidden=512, n_layers=1, cell="gru", dropout=0.5),
-    ("scan", "seq2seq"): dict(d_embedding=200, d_hidden=200, n_layers=2, cell="lstm", dropout=0.5),
+# "paper": the sizes of paper Table 3 (§2.5, §3.6); the dropout acts between RNN layers, a no-op with one layer
+# (§1.6). Adam (AdamW without decay) lr 1e-3, gradient clipping at 5, teacher forcing 0.5 per sequence (§1.6).
+# Lookup: 100 epochs at batch 1, an evaluation every 100 updates; SCAN: 50 epochs at batch 64 (the project's
+# default: the paper's SCAN batch size is unknown) in length buckets, 10 evaluations (``derive``).
+SEQ2SEQ = seq2attn.MODELS["seq2seq"]      # the baseline: none of seq2attn's four components
+PAPER = {
+    ("lookup", "seq2attn"): dict(d_embedding=256, d_hidden=256, n_layers=1, cell="gru", dropout=0.5,
+                                 batch_size=1, eval_every=100, lr=1e-3, weight_decay=0.0, grad_clip=5.0,
+                                 batching="shuffled"),
+    ("lookup", "seq2seq"): dict(SEQ2SEQ, d_embedding=128, d_hidden=512, n_layers=1, cell="gru", dropout=0.5,
+                                batch_size=1, eval_every=100, lr=1e-3, weight_decay=0.0, grad_clip=5.0,
+                                batching="shuffled"),
+    ("scan", "seq2attn"): dict(d_embedding=512, d_hidden=512, n_layers=1, cell="gru", dropout=0.5,
+                               batch_size=64, lr=1e-3, weight_decay=0.0, grad_clip=5.0, batching="bucketed"),
+    ("scan", "seq2seq"): dict(SEQ2SEQ, d_embedding=200, d_hidden=200, n_layers=2, cell="lstm", dropout=0.5,
+                              batch_size=64, lr=1e-3, weight_decay=0.0, grad_clip=5.0, batching="bucketed"),
 }
-# Training (§1.6): lookup 100 epochs at batch 1, an evaluation every 100 updates; SCAN 50 epochs at
-# batch 64 (the project's default: the paper's SCAN batch size is unknown), 10 evaluations.
-TRAINING = {"lookup": dict(epochs=100, batch_size=1), "scan": dict(epochs=50, batch_size=64)}
-# "cpu" keeps all of that but shrinks both models to E = H = 64 (lookup; the paper's ablation uses one
-# size for all) or 128 (SCAN). SCAN's cpu batch is 8, nearer the batch 1 that the paper's grid search
-# fixed (§3.6): 8x the updates of batch 64. Batch 2 would take ~1 h for 50 epochs on the 2-core machine;
-# at batch 4 (~30 min) the training loss of seq2attn diverged for good after 15 epochs (0.75 -> 3.09 and
-# rising, seed 0); at batch 8 (~18 min) it fell to 0.17-0.42 by epoch 20-30 (3 seeds) but climbed back to
-# 0.63-1.02 by epoch 50, still below batch 64's 1.72 after the same 50 epochs (seed 0). Chosen on the
-# training loss: SCAN has no validation set. On test batch 8 ended at 0 on all 3 seeds (0.11-0.43 during
-# training) and batch 64 at 0.113 (RESULTS has the curves). At batch 8 seq2attn takes Adam's lr 3e-4, not
-# the paper's 1e-3 (chosen on the training loss too): at 1e-3 its loss climbed back and at the end it fitted
-# only 84-93% of its training commands; at 3e-4 the loss fell to 0.20-0.40 without climbing back and it
-# fitted 93-100% (3 seeds).
-# The baseline keeps 1e-3: its loss fell to 0.03-0.05 there and it fitted all of them.
-CPU_SIZE = {"lookup": 64, "scan": 128}
-CPU_BATCH = {"lookup": 1, "scan": 8}
-CPU_LR = {("scan", "seq2attn"): 3e-4}
+EPOCHS = {"lookup": 100, "scan": 50}
+# "cpu" keeps all of that but shrinks both models to E = H = 64 (lookup; the paper's ablation uses one size
+# for all) or 128 (SCAN).
+CPU = {
+    "lookup": dict(d_embedding=64, d_hidden=64),
+    # SCAN's cpu batch is 8, nearer the batch 1 that the paper's grid search fixed (§3.6): 8x the updates of
+    # batch 64. Batch 2 would take ~1 h for 50 epochs on the 2-core machine; at batch 4 (~30 min) the training
+    # loss of seq2attn diverged for good after 15 epochs (0.75 -> 3.09 and rising, seed 0); at batch 8 (~18 min)
+    # it fell to 0.17-0.42 by epoch 20-30 (3 seeds) but climbed back to 0.63-1.02 by epoch 50, still below
+    # batch 64's 1.72 after the same 50 epochs (seed 0). Chosen on the training loss: SCAN has no validation
+    # set. On test batch 8 ended at 0 on all 3 seeds (0.11-0.43 during training) and batch 64 at 0.113
+    # (RESULTS has the curves).
+    "scan": dict(d_embedding=128, d_hidden=128, batch_size=8),
+    # At batch 8 seq2attn takes Adam's lr 3e-4, not the paper's 1e-3 (chosen on the training loss too): at 1e-3
+    # its loss climbed back and at the end it fitted only 84-93% of its training commands; at 3e-4 the loss
+    # fell to 0.20-0.40 without climbing back and it fitted 93-100% (3 seeds). The baseline keeps 1e-3: its
+    # loss fell to 0.03-0.05 there and it fitted all of them.
+    ("scan", "seq2attn"): dict(lr=3e-4),
+}
 
 
 @functools.lru_cache
 def scan_train_size(split):
-    """Training pairs of a SCAN split: the steps count epochs of them. Cached, as every config() of the
-    split (one per --set key, too) needs it and generating the split takes a moment."""
+    """Training pairs of a SCAN split: the steps count epochs of them. Cached, as every configuration of the
+    split needs it and generating the split takes a moment."""
     return len(scan_split(split)["train"])
-
-
-def seq2seq_config(task, model, preset, split=""):
-    """Adam (AdamW without decay) lr 1e-3 (cpu preset: CPU_LR), gradient clipping at 5, teacher forcing
-    0.5 per sequence (§1.6); SCAN batches are length-bucketed. Steps count whole epochs of the train split."""
-    if task == "lookup" and split:
-        raise UsageError("lookup has one split structure (sample1): drop --split")
-    try:  # without a split (only when --set types are looked up) load_task will ask for one
-        n_train = 232 if task == "lookup" else scan_train_size(split) if split else 0
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    sizes, epochs, batch = dict(PAPER_SIZES[task, model]), TRAINING[task]["epochs"], TRAINING[task]["batch_size"]
-    lr = 1e-3
-    if preset == "cpu":
-        sizes.update(d_embedding=CPU_SIZE[task], d_hidden=CPU_SIZE[task])
-        batch, lr = CPU_BATCH[task], CPU_LR.get((task, model), lr)
-    steps = epochs * -(-n_train // batch) if n_train else None   # None: SCAN without a split (Seq2Seq refuses it)
-    mc = Seq2SeqConfig(**seq2attn.MODELS[model], **sizes, split=split)
-    return RunConfig(task=task, model=model, preset=preset, steps=steps, batch_size=batch, lr=lr, weight_decay=0.0,
-                     grad_clip=5.0, batching="shuffled" if task == "lookup" else "bucketed",
-                     eval_every=100 if task == "lookup" else steps and max(1, steps // 10), model_config=mc)
 
 
 ANALYSIS_SAMPLE = 2000   # training examples --analyze decodes
@@ -85,51 +74,48 @@ def _correct(model, src, src_lengths, tgt, tgt_lengths):
     return ((model.greedy(src, src_lengths, tgt.shape[1]) == tgt) | padding).all(axis=1)
 
 
-class Seq2Seq(Recipe):
+class Seq2Attn(Recipe):
     """seq2attn and its baseline on lookup tables and SCAN. The metric is sequence accuracy under greedy
     decoding with argmax attention: every target token, <eos> included, must be right (§1.6).
     Lookup reports the evaluation with the lowest validation loss (§1.6), a loss computed, as the
     reference's evaluator does, while the model feeds back its own predictions. SCAN has no validation
-    set and reports the end of training (§3.6); its train split (15–22k commands) is not evaluated.
-
-    Measured on the 2-core machine next to other jobs (ms per update): lookup at batch 1, paper sizes
-    seq2attn 33, baseline 91 (3.9M parameters: the AdamW update alone is a large share), so the paper
-    preset takes ~17 and ~40 min; cpu preset (64 units) seq2attn 10–14, baseline ~8: ~5–7 min per run.
-    SCAN at batch 64: paper seq2attn ~970 (3+ h for 50 epochs: a GPU job), baseline ~340; cpu preset
-    (batch 8) seq2attn ~11, baseline ~14: 18–25 min per run."""
+    set and reports the end of training (§3.6); its train split (15–22k commands) is not evaluated."""
     tasks = ("lookup", "scan")
-    models = tuple(seq2attn.MODELS)
-    report_final = ()
-    metric_higher_is_better = False
-    has_split = True
-    config = staticmethod(seq2seq_config)
+    models = seq2attn.MODELS
+    PAPER, CPU = PAPER, CPU
+    ModelConfig, Options = seq2attn.Seq2AttnConfig, SplitOptions
+    SELECTION = {"lookup": Selection(metric="validation_loss", higher=False), "scan": Selection(metric=None)}
 
-    def __init__(self, cfg):
-        super().__init__(cfg)
-        if cfg.task == "scan" and not cfg.model_config.split:   # before anything reads its step count
-            raise UsageError(f"scan needs a split: --split one of {', '.join(SCAN_SPLITS)}")
-        self.select_split = "validation_loss" if cfg.task == "lookup" else None
+    @classmethod
+    def derive(cls, row, task, model):
+        """Steps: whole epochs of the train split (lookup's 232 pairs; SCAN's split, which it needs)."""
+        split = row.get("split", "")
+        if task == "lookup" and split:
+            raise ValueError("lookup has one split structure (sample1): drop --split")
+        if task == "scan" and not split:
+            raise ValueError(f"scan needs a split: --split one of {', '.join(SCAN_SPLITS)}")
+        n_train = scan_train_size(split) if split else 232
+        row["steps"] = EPOCHS[task] * -(-n_train // row["batch_size"])
+        row.setdefault("eval_every", max(1, row["steps"] // 10))
+        return row
+
+    @property
+    def selection(self):
+        return self.SELECTION[self.cfg.task]
 
     def load_task(self):
-        split = self.cfg.model_config.split
+        split = self.cfg.options.split
         try:
-            self.task = get_task(self.cfg.task, **({"split": split} if self.cfg.task == "scan" else {}))
+            self.task = get_task(self.cfg.task, **({"split": split} if split else {}))
         except ValueError as e:
-            raise UsageError(f"{e} (choose with --split)") from None
-        return self.task
+            raise ValueError(f"{e} (choose with --split)") from None
 
     def build_model(self):
-        try:
-            return seq2attn.Seq2Attn(self.cfg.model_config, len(self.task.in_vocab), len(self.task.out_vocab),
-                                     self.task.sos, seed=self.cfg.seed)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
+        return seq2attn.Seq2Attn(self.cfg.model_config, len(self.task.in_vocab), len(self.task.out_vocab),
+                                 self.task.sos, seed=self.cfg.seed)
 
     def batches(self, rng):
-        try:
-            return self.task.splits["train"].batches(self.cfg.batch_size, rng, self.cfg.batching)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
+        return self.task.splits["train"].batches(self.cfg.batch_size, rng, self.cfg.batching)
 
     def loss(self, model, batch):
         src, src_lengths, tgt, tgt_lengths = self.to_device(batch)
@@ -147,9 +133,9 @@ class Seq2Seq(Recipe):
                     correct = correct + _correct(model, src, src_lengths, tgt, tgt_lengths).sum()
                     if name == "validation":
                         loss = loss + model.loss(src, src_lengths, tgt, tgt_lengths).data * len(batch[1])
-                result[name] = round(float(backend.to_numpy(correct)) / len(split), 5)
+                result[name] = fraction(correct, len(split))
                 if name == "validation":
-                    result["validation_loss"] = round(float(backend.to_numpy(loss)) / len(split), 5)
+                    result["validation_loss"] = fraction(loss, len(split))
         return result
 
     def analyze(self, model):
@@ -198,15 +184,10 @@ class Seq2Seq(Recipe):
     def plot_examples(self, model, texts):
         """The attention trace (one-hot for seq2attn at inference) and the temperature of every step, on
         test examples (lookup: heldout_compositions) or --example inputs ("100 t3 t1 .", "jump twice")."""
-        task, index = self.task, {t: i for i, t in enumerate(self.task.in_vocab)}
+        task = self.task
         split_name = "test" if "test" in task.splits else "heldout_compositions"
-        split, examples = task.splits[split_name], []
-        for text in texts:
-            unknown = [t for t in text.split() if t not in index]
-            if unknown or not text.split():
-                raise UsageError(f"--example {text!r}: {'unknown ' + ' '.join(unknown) if unknown else 'empty'}; "
-                                 f"input tokens: {' '.join(task.in_vocab[2:])}")
-            examples.append((example_name(text), np.array([index[t] for t in text.split()]), None))
+        split = task.splits[split_name]
+        examples = [(example_name(text), parse_tokens(text, task.in_vocab), None) for text in texts]
         examples = examples or [(sample_name(split_name, i, split), split.inputs[i], task.decode(split.targets[i]))
                                 for i in plot_sample(len(split))]
         longest = max(int(s.targets.lengths.max()) for s in task.splits.values())

@@ -11,60 +11,50 @@ from .. import functional as F
 from ..data import RetrievalTask
 from ..engine import eval_mode, no_grad
 from ..models import crt
-from .base import Recipe, RunConfig, UsageError
+from .base import Recipe, Selection, fraction
 
 
 @dataclasses.dataclass
-class RetrievalConfig(crt.CRTConfig):
-    """The CRT model's settings (CRTConfig: searches, retrievals, n_head, d_model, ...) plus the task's."""
+class RetrievalOptions:
+    """The task's options (the model's searches and retrievals are the task's S_gt and R_gt: CRTConfig)."""
     n_objects: int = 10            # N objects per sample (the code's seq_len)
     ood: bool = False              # train on the train combinations of retrieval choices only (§8)
     eval_batches: int = 100        # an evaluation: mean L1 over this many fresh batches (§9)
 
 
-def retrieval_config(task, model, preset):
-    """The CRT code's training (§9): Adam (AdamW without decay), lr 1e-4, batch 256, no clipping, an
-    evaluation every 5,000 of 100,000 steps. "cpu" changes only the number of steps (timings: see Retrieval)."""
-    cfg = RunConfig(task=task, model=model, preset=preset, steps=100_000, batch_size=256, lr=1e-4, weight_decay=0.0,
-                    grad_clip=0.0, eval_every=5000, model_config=RetrievalConfig())
-    if preset == "cpu":
-        cfg.steps, cfg.eval_every = 30_000, 2500
-    return cfg
+# "paper": the CRT code's training (§9), the same for every model: Adam (AdamW without decay), lr 1e-4,
+# batch 256, no clipping, an evaluation every 5,000 of 100,000 steps.
+PAPER = {
+    ("retrieval", "mha"): dict(steps=100_000, batch_size=256, eval_every=5000, lr=1e-4, weight_decay=0.0,
+                               grad_clip=0.0),
+}
+# "cpu": 30,000 steps, an evaluation every 2,500 (timings: RESULTS.md)
+CPU = {"*": dict(steps=30_000, eval_every=2500)}
 
 
-class Retrieval(Recipe):
+class Compositional(Recipe):
     """Contextual retrieval with the CRT models: a fresh batch every step, L1 loss (lower is better).
     ``iid_l1``: on the training distribution (all combinations of retrieval choices; in OOD mode the
     train combinations). ``ood_l1``: on the held-out test combinations (only out of distribution in
-    OOD mode). Both are reported at the end of training (§9). cpu preset: a step took ~50 ms
-    (compositional) and ~35 ms (mha) on the 2-core machine beside one other training job, so 30,000
-    steps and 12 evaluations take ≤ ~27 min."""
+    OOD mode). Both are reported at the end of training (§9)."""
     tasks = ("retrieval",)
     models = crt.MODELS
-    select_split = "iid_l1"
-    report_final = ("iid_l1", "ood_l1")
-    metric_higher_is_better = False
-    config = staticmethod(retrieval_config)
+    PAPER, CPU = PAPER, CPU
+    ROW_OF_ANY_MODEL = "mha"
+    ModelConfig, Options = crt.CRTConfig, RetrievalOptions
+    selection = Selection(metric="iid_l1", higher=False, final=("iid_l1", "ood_l1"))
 
     def load_task(self):
-        c = self.cfg.model_config
-        try:
-            self.task = RetrievalTask(c.searches, c.retrievals, c.n_objects)
-            self.task.combinations("test")  # fails early if no combination is left out
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-        self.train_pool = "train" if c.ood else "all"
-        return self.task
+        mc, options = self.cfg.model_config, self.cfg.options
+        self.task = RetrievalTask(mc.searches, mc.retrievals, options.n_objects)
+        self.task.combinations("test")  # fails early if no combination is left out
+        self.train_pool = "train" if options.ood else "all"
 
     def build_model(self):
-        try:
-            return crt.CRTModel(self.cfg.model, self.task.in_dim, self.cfg.model_config, seed=self.cfg.seed)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
+        return crt.CRTModel(self.cfg.model, self.task.in_dim, self.cfg.model_config, seed=self.cfg.seed)
 
     def batches(self, rng):
-        while True:
-            yield self.task.batch(self.cfg.batch_size, rng, self.train_pool)
+        return self.task.batches(self.cfg.batch_size, rng, self.train_pool)
 
     def loss(self, model, batch):
         x, y = self.to_device(batch[:2])
@@ -72,21 +62,18 @@ class Retrieval(Recipe):
 
     def evaluate(self, model):
         """Mean L1 over ``eval_batches`` fresh batches per pool: the same batches at every evaluation."""
-        result = {}
+        result, n = {}, self.cfg.options.eval_batches
         with no_grad(), eval_mode():
             for i, (name, pool) in enumerate([("iid_l1", self.train_pool), ("ood_l1", "test")]):
                 rng, total = np.random.default_rng([self.cfg.seed, 2, i]), 0
-                for _ in range(self.cfg.model_config.eval_batches):
-                    x, y, _ = self.task.batch(self.cfg.batch_size, rng, pool)
-                    x, y = self.to_device((x, y))
+                for _ in range(n):
+                    x, y = self.to_device(self.task.batch(self.cfg.batch_size, rng, pool)[:2])
                     total = total + (model(x) - y).abs().mean().data
-                result[name] = round(float(backend.to_numpy(total)) / self.cfg.model_config.eval_batches, 5)
+                result[name] = fraction(total, n)
         return result
 
     def analyze(self, model):
         """Paper Fig. 5: mean value score of each model (search, retrieval) per ground-truth choice."""
-        if self.cfg.model == "mha":
-            raise UsageError("the analysis shows value scores, which only the compositional models have")
         # In OOD mode also on the held-out combinations: there the choices show whether they compose.
         pools = [self.train_pool] + (["test"] if self.train_pool == "train" else [])
         out = []
@@ -94,6 +81,8 @@ class Retrieval(Recipe):
             x, _, prefs = self.task.batch(2048, np.random.default_rng([self.cfg.seed, 3]), pool)
             with no_grad(), eval_mode():
                 _, _, c = model(backend.to_device(x, self.cfg.device), return_weights=True)
+            if c is None:
+                raise ValueError("the analysis shows value scores, which only the compositional models have")
             table = crt.format_specialisation(crt.specialisation(c.data, prefs, self.task.retrievals))
             name = "held-out (ood)" if pool == "test" else pool
             out.append(f"mean value scores on 2048 fresh samples ({name} combinations):\n{table}")
@@ -103,7 +92,7 @@ class Retrieval(Recipe):
         """Paper Figs. 4–5: search maps, and value scores per search and per ground-truth retrieval, on the
         fresh samples --analyze uses (inputs are random vectors: there is no text to give)."""
         if texts:
-            raise UsageError("retrieval inputs are random vectors: --example is not available for this task")
+            raise ValueError("retrieval inputs are random vectors: --example is not available for this task")
         x, _, prefs = self.task.batch(2048, np.random.default_rng([self.cfg.seed, 3]), self.train_pool)
         return viz.retrieval_pictures(model, backend.to_device(x, self.cfg.device), prefs,
                                       f"retrieval / {self.cfg.model} ({self.train_pool} combinations)")
