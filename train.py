@@ -39,7 +39,7 @@ from tqdm import tqdm  # noqa: E402
 
 from minattn import backend, optim, viz  # noqa: E402
 from minattn.recipes import RECIPES, RunConfig, UsageError, recipe_for  # noqa: E402
-from minattn.recipes.base import optimizer, schedule, stop_early  # noqa: E402
+from minattn.recipes.base import older_metrics, optimizer, schedule, stop_early  # noqa: E402
 from minattn.rundir import (CHECKPOINT, convert, identity, load_checkpoint, locked, repair_log,  # noqa: E402
                             report, save_checkpoint, settings, to_json, write_atomic)
 
@@ -323,18 +323,6 @@ def _train(cfg, out_dir, resume, progress):
                        f"{log_path} and results.json are written, " +
                        (f"the checkpoint is that of step {last}" if last else "no checkpoint was written"))
     return results
-
-
-def older_metrics(best, history):
-    """The metrics of the last evaluation in a checkpoint written before they were kept apart ("last"), and
-    its selected evaluation's: then a log entry held them among the loop's own numbers and the recipe's
-    extras, which started with "train" or "gate"."""
-    def metrics(entry):
-        return {k: v for k, v in entry.items() if k not in ("step", "wall_s", "train_loss")
-                and not k.startswith(("train_", "gate"))}
-    final = next((h for h in reversed(history) if h["train_loss"] is not None), {})   # not a diverged one
-    best["metrics"] = metrics(best["metrics"])
-    return metrics(final)
 
 
 # --- trained runs: --evaluate, --analyze, --plot ----------------------------------------------------------

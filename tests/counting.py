@@ -297,11 +297,11 @@ def ndr_ctl_step(model_name="ndr"):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import train
     cfg = train.make_config("ctl", model_name, "cpu")
-    fam = train.recipe_for("ctl")(cfg)
-    fam.load_task()
-    model = fam.build_model().to(DEVICE)
-    x, lengths, y = (_up(a) for a in next(fam.batches(np.random.default_rng([cfg.seed, 1]))))
-    opt = fam.optimizer(model.parameters())
+    recipe = train.recipe_for("ctl")(cfg)
+    recipe.load_task()
+    model = recipe.build_model().to(DEVICE)
+    x, lengths, y = (_up(a) for a in next(recipe.batches(np.random.default_rng([cfg.seed, 1]))))
+    opt = train.optimizer(cfg, model.parameters())
     from minattn import functional as F
     return model, lambda: F.cross_entropy(model(x, lengths), y), opt, cfg.grad_clip, backend.RNG(0, DEVICE)
 

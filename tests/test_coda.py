@@ -18,7 +18,8 @@ from minattn.attention.coda import CoDAttention, PairwiseCoDA, l1_distance, l1_d
 from minattn.attention.multihead import MultiHeadAttention
 from minattn.engine import Tensor, eval_mode, no_grad
 from minattn.gradcheck import GradcheckError, check_backward
-from minattn.models.seq2seq import CoDASeq2SeqTransformer, EncoderDecoderConfig, Seq2SeqTransformer
+from minattn.models.seq2seq import (CoDAEncoderDecoderConfig, CoDASeq2SeqTransformer, EncoderDecoderConfig,
+                                    Seq2SeqTransformer)
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tasks  # noqa: E402
@@ -248,7 +249,7 @@ def test_pairwise_form_pools_the_raw_sequences():
 def test_greedy_decoding_equals_teacher_forcing_with_centring():
     """Row-wise Mean(·) in the decoder keeps CoDA causal, so decoding one position at a time (cached keys)
     gives the logits of the full teacher-forced pass on the decoded prefix."""
-    cfg = recipes.mlu.MLUConfig(d_model=16, n_head=2, d_head=8, d_ff=16, n_encoder_layers=1, n_decoder_layers=2,
+    cfg = CoDAEncoderDecoderConfig(d_model=16, n_head=2, d_head=8, d_ff=16, n_encoder_layers=1, n_decoder_layers=2,
                           dropout=0.0, attention_dropout=0.0, coda_gate="centered", coda_center_e=True)
     model = CoDASeq2SeqTransformer(9, 9, cfg, n_src_tokens=12, seed=0).eval()
     src, src_mask = np.random.default_rng(0).integers(1, 12, (3, 6)), np.arange(6) < np.array([[6], [4], [5]])
@@ -279,7 +280,7 @@ def test_mlu_examples_are_correct_and_encoded_character_by_character(mlu):
     keys = np.ravel_multi_index((85 + 1000, -523 + 1000, 0, 1, 2), mlu_data.MLU_SHAPE)
     assert [s[0] for s in mlu_data.mlu_strings(np.array([keys]))] == ["x=85,y=-523,x*y", "-44455"]   # paper's
     assert (len(mlu.in_vocab) - 1, len(mlu.out_vocab) - 3) == (17, 11)
-    assert mlu.in_vocab.index("<pad>") == mlu.out_vocab.index("<pad>") == recipes.mlu.MLU.PAD
+    assert mlu.in_vocab.index("<pad>") == mlu.out_vocab.index("<pad>") == recipes.coda.CoDA.PAD
     for name, split in mlu.splits.items():
         for i in range(0, len(split), 97):
             value, target = _answer(split.lines[i])
@@ -343,11 +344,11 @@ def test_transformer_coda_is_the_transformer_run_with_coda_options(tmp_path, cap
         assert (cd.steps, cd.lr, cd.batch_size, cd.batching) == (base.steps, base.lr, base.batch_size, base.batching)
         assert cd.model_config.coda_beta == pytest.approx((base.model_config.n_head / base.model_config.d_model) ** .5)
     cfg = train.make_config("ctl", "transformer-coda", "cpu", coda_beta=0.25, coda_gate="centered")
-    fam = recipes.ndr.Classification(cfg)
-    fam.load_task()
-    attn = fam.build_model().encoder.layer.attn
+    recipe = recipes.ndr.NDR(cfg)
+    recipe.load_task()
+    attn = recipe.build_model().encoder.layer.attn
     assert isinstance(attn, CoDAttention) and (attn.beta, attn.gate) == (0.25, "centered")
-    assert fam.log_extra(fam.build_model().eval())["gate_mean"] > 0
+    assert recipe.log_extra(recipe.build_model().eval())["gate_mean"] > 0
     code = train.main(["--task", "ctl", "--model", "transformer-coda", "--set", "coda_gate=open",
                        "--out", str(tmp_path)])
     assert code == 2 and "scaled, centered" in capsys.readouterr().err

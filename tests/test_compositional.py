@@ -328,7 +328,7 @@ def test_training_reports_l1_metrics_and_the_analysis(tmp_path, capsys):
     assert train.main(TINY + ["--steps", "4", "--out", out]) == 0
     res = json.load(open(tmp_path / "run" / "results.json"))
     assert set(res["metrics"]) == {"iid_l1", "ood_l1"} and all(0 < v < 3 for v in res["metrics"].values())
-    assert res["config"]["model_config"]["ood"] is True and res["config"]["grad_clip"] == 0
+    assert res["config"]["options"]["ood"] is True and res["config"]["grad_clip"] == 0
     capsys.readouterr()
     assert train.main(["--analyze", "--out", out]) == 0
     table = capsys.readouterr().out
@@ -357,8 +357,9 @@ def test_paper_preset_follows_the_paper():
     cfg = train.make_config("retrieval", "compositional", "paper")
     assert (cfg.steps, cfg.batch_size, cfg.lr, cfg.weight_decay, cfg.grad_clip, cfg.eval_every) == \
         (100_000, 256, 1e-4, 0.0, 0.0, 5000)
-    c = cfg.model_config
-    assert (c.searches, c.retrievals, c.d_model, c.n_objects, c.concat, c.separate, c.ood, c.eval_batches) == \
+    c, o = cfg.model_config, cfg.options
+    assert (c.searches, c.retrievals, c.d_model, o.n_objects, c.concat, c.separate, o.ood, o.eval_batches) == \
         (2, 4, 64, 10, True, False, False, 100)
     cpu = train.make_config("retrieval", "mha", "cpu", searches=4, retrievals=8, ood=True)
-    assert cpu.model_config == recipes.retrieval.RetrievalConfig(searches=4, retrievals=8, ood=True) and cpu.lr == 1e-4
+    assert cpu.model_config == CRTConfig(searches=4, retrievals=8) and cpu.lr == 1e-4
+    assert cpu.options == recipes.compositional.RetrievalOptions(ood=True)

@@ -62,9 +62,9 @@ def _by_name(config):
 
 def resolved_configs():
     out = {}
-    for fam in train.RECIPES:
-        for task in fam.tasks:
-            for model in fam.models:
+    for recipe in train.RECIPES:
+        for task in recipe.tasks:
+            for model in recipe.models:
                 for preset in ("cpu", "paper"):
                     for split in (SCAN_SPLITS if task == "scan" else [None]):
                         cfg = train.make_config(task, model, preset, split=split)
@@ -85,9 +85,9 @@ def test_resolved_configurations_are_unchanged():
 
 def golden_run(task, model, tmp_path, monkeypatch):
     """(losses of 3 steps, {parameter: [sum, L2 norm]}) of train.train on a tiny batch."""
-    fam = train.recipe_for(task)
+    recipe = train.recipe_for(task)
     losses, models = [], []
-    real_loss, real_build = fam.loss, fam.build_model
+    real_loss, real_build = recipe.loss, recipe.build_model
 
     def loss(self, m, batch):
         out = real_loss(self, m, batch)
@@ -98,9 +98,9 @@ def golden_run(task, model, tmp_path, monkeypatch):
         models.append(real_build(self))
         return models[-1]
 
-    monkeypatch.setattr(fam, "loss", loss)
-    monkeypatch.setattr(fam, "build_model", build_model)
-    monkeypatch.setattr(fam, "evaluate", lambda self, m: {})
+    monkeypatch.setattr(recipe, "loss", loss)
+    monkeypatch.setattr(recipe, "build_model", build_model)
+    monkeypatch.setattr(recipe, "evaluate", lambda self, m: {})
     cfg = train.make_config(task, model, "cpu", seed=0, steps=3, batch_size=4, eval_every=3,
                             **RUN_SETTINGS.get(task, {}))
     train.train(cfg, str(tmp_path / f"{task}-{model}"), progress=False)

@@ -5,7 +5,6 @@ arrays become float64 tensors that require grad; integer arrays stay constants),
 device tensors (and the module) to one output tensor. Inputs keep away from kinks (ReLU at 0, ties
 in max/abs, log/sqrt near 0). Adding a variant = adding a row.
 """
-import dataclasses
 
 import numpy as np
 import pytest
@@ -15,7 +14,7 @@ from minattn import functional as F
 from minattn.engine import Function, Tensor
 from minattn.gradcheck import GradcheckError, check_backward
 from minattn.attention.additive import AdditiveAttention
-from minattn.attention.coda import (COMPOSITIONS, CoDAConfig, CoDAttention, PairwiseCoDA, l1_distance,
+from minattn.attention.coda import (COMPOSITIONS, CoDAttention, PairwiseCoDA, l1_distance,
                                    l1_distance_reference)
 from minattn.attention.compositional import CompositionalAttention
 from minattn.attention.geometric import (DirectionalLogits, GeometricAttention, constants,
@@ -28,9 +27,10 @@ from minattn.models.abstractor import (AbstractorConfig, AbstractorLayer, Abstra
                                        SymbolicAttention)
 from minattn.models.crt import MODELS as CRT_MODELS, CRTConfig, CRTModel, CRTMultiHeadAttention
 from minattn.models.seq2attn import Seq2Attn, model_config as seq2attn_config
-from minattn.models.encoder import ARCHITECTURES, Classifier, CopyGateLayer, EncoderConfig, PostLNLayer
+from minattn.models.encoder import (ARCHITECTURES, Classifier, CoDAEncoderConfig, CopyGateLayer, EncoderConfig,
+                                    PostLNLayer)
 from minattn.models.seq2seq import DecoderLayer, EncoderDecoderConfig, Seq2SeqTransformer, keras_attention
-from minattn.models.seq2seq import CoDASeq2SeqTransformer
+from minattn.models.seq2seq import CoDAEncoderDecoderConfig, CoDASeq2SeqTransformer
 from minattn.ops import Softmax
 
 from .reference import directional_logits_reference, geometric_attention_weights_reference
@@ -384,16 +384,6 @@ def _coda(**options):
     return lambda rng: CoDAttention(8, 2, rng=rng, **options)
 
 
-@dataclasses.dataclass
-class _CoDAEncoderDecoderConfig(CoDAConfig, EncoderDecoderConfig):
-    pass
-
-
-@dataclasses.dataclass
-class _CoDAEncoderConfig(CoDAConfig, EncoderConfig):
-    pass
-
-
 OPS += [
     ("l1_distance", l1_distance, inputs(N(2, 3, 5, 4), N(2, 3, 6, 4))),
     ("l1_distance_query_blocks", lambda q, k: l1_distance(q, k, block=9), inputs(N(2, 5, 4), N(2, 3, 4))),
@@ -427,19 +417,19 @@ MODULES += [
                                        dict(shared=True, gate="centered", center_e=True, alpha=0.7, beta=0.5))]
 ] + [
     ("CoDASeq2SeqTransformer_centered", lambda m, x, t, k: m(x, t, k),
-     lambda rng: CoDASeq2SeqTransformer(7, 6, _CoDAEncoderDecoderConfig(**ABS, coda_gate="centered", coda_center_e=True),
+     lambda rng: CoDASeq2SeqTransformer(7, 6, CoDAEncoderDecoderConfig(**ABS, coda_gate="centered", coda_center_e=True),
                                         d_src=3, seed=1), ABS_SEQ),
 ] + [
     # the models' CoDA options as issue 20 item 1 sets them from the command line (--set coda_beta=1, --set
     # coda_gate=centered), through the config fields that CoDAttention.from_config reads; and init="keras"
     (f"CoDASeq2SeqTransformer_{name}", lambda m, x, t, k: m(x, t, k),
-     lambda rng, kw=kw: CoDASeq2SeqTransformer(7, 6, _CoDAEncoderDecoderConfig(**ABS, **kw), d_src=3, seed=1), ABS_SEQ)
+     lambda rng, kw=kw: CoDASeq2SeqTransformer(7, 6, CoDAEncoderDecoderConfig(**ABS, **kw), d_src=3, seed=1), ABS_SEQ)
     for name, kw in [("beta1_scaled", dict(coda_beta=1.0, coda_gate="scaled")),
                      ("beta1_centered", dict(coda_beta=1.0, coda_gate="centered")),
                      ("keras_init", dict(coda_beta=0.5, init="keras"))]
 ] + [
     (f"Classifier_transformer-coda_{name}", lambda m, i, n: m(i, n),
-     lambda rng, kw=kw: Classifier("transformer-coda", 20, 4, _CoDAEncoderConfig(**TINY, **kw)).eval(),
+     lambda rng, kw=kw: Classifier("transformer-coda", 20, 4, CoDAEncoderConfig(**TINY, **kw)).eval(),
      inputs(const(IDS), const(LENGTHS)))
     for name, kw in [("beta1_scaled", dict(coda_beta=1.0, coda_gate="scaled")),
                      ("beta1_centered", dict(coda_beta=1.0, coda_gate="centered"))]

@@ -9,6 +9,7 @@ import tasks
 from minattn.data import objects  # noqa: E402
 import train
 from minattn import recipes
+from minattn.recipes.base import schedule
 
 
 @pytest.fixture(scope="module")
@@ -135,14 +136,13 @@ def test_get_task_and_cli(tmp_path, capsys):
 
 def test_steps_and_evaluations_count_epochs():
     cfg = train.make_config("sort", "abstractor", "cpu", train_size=2000)
-    recipe = recipes.recipe_for("sort")(cfg)
-    assert (cfg.steps, cfg.eval_every, cfg.batch_size, cfg.grad_clip, cfg.weight_decay) == (1600, 40, 512, 0.0, 0.0)
-    cfg = train.make_config("sort", "abstractor", "paper", train_size=500, steps=7)
-    recipes.recipe_for("sort")(cfg)
-    assert (cfg.steps, cfg.eval_every) == (7, 1)
-    assert recipe.select_split == "valid_tf"
-    cfg = train.make_config("set", "abstractor-simplified")
-    recipes.recipe_for("set")(cfg)
+    assert (cfg.steps, cfg.eval_every) == (None, None)          # the preset counts in epochs ...
+    run = schedule(cfg)                                         # ... resolved before the recipe is built
+    assert (run.steps, run.eval_every, run.batch_size, run.grad_clip, run.weight_decay) == (1600, 40, 512, 0.0, 0.0)
+    run = schedule(train.make_config("sort", "abstractor", "paper", train_size=500, steps=7))
+    assert (run.steps, run.eval_every) == (7, 1)
+    assert recipes.recipe_for("sort")(run).selection.metric == "valid_tf"
+    cfg = schedule(train.make_config("set", "abstractor-simplified"))
     assert (cfg.steps, cfg.model_config.activation, cfg.model_config.symmetric) == (200 * 32, "linear", True)
 
 
@@ -166,7 +166,7 @@ def test_pairwise_run_end_to_end(tmp_path, capsys):
     assert train.main(argv) == 0
     res = json.loads((out / "results.json").read_text())
     assert res["steps"] == 6 and set(res["metrics"]) == {"train", "valid", "valid_loss", "test"}
-    assert res["config"]["model_config"]["train_size"] == 100
+    assert res["config"]["options"]["train_size"] == 100
     log = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [e["step"] for e in log] == [2, 4, 6]
     best = min(log, key=lambda e: (e["valid_loss"], -e["step"]))

@@ -379,12 +379,12 @@ RECIPE_CASES = [
 
 @pytest.mark.parametrize("task,model,settings,good,bad", RECIPE_CASES, ids=[f[0] for f in RECIPE_CASES])
 def test_every_recipe_draws_its_examples(task, model, settings, good, bad):
-    fam = recipes.recipe_for(task)(train.make_config(task, model, **settings))
-    fam.load_task()
-    net = fam.build_model()
-    pictures = fam.plot_examples(net, [])
+    recipe = recipes.recipe_for(task)(train.make_config(task, model, **settings))
+    recipe.load_task()
+    net = recipe.build_model()
+    pictures = recipe.plot_examples(net, [])
     assert pictures and all(p.title.startswith(f"{task} / {model}") for p in pictures)
     if good:
-        assert all(p.name.startswith(example_name(good) + "-") for p in fam.plot_examples(net, [good]))
-    with pytest.raises(train.UsageError, match="--example"):
-        fam.plot_examples(net, [bad])
+        assert all(p.name.startswith(example_name(good) + "-") for p in recipe.plot_examples(net, [good]))
+    with pytest.raises(ValueError, match="--example"):   # a bad user value: train.py makes it a UsageError
+        recipe.plot_examples(net, [bad])

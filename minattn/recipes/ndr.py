@@ -10,7 +10,7 @@ from ..attention import coda
 from ..data import collate, eval_batches, get_task
 from ..engine import eval_mode, no_grad
 from ..models.encoder import ARCHITECTURES, Classifier
-from .base import Recipe, Selection, example_name, fraction, plot_sample, sample_name
+from .base import Recipe, Selection, example_name, fraction, parse_tokens, plot_sample, sample_name
 
 # --- "paper": the official sweeps (§8), which the paper's Tables 4–6 repeat -------------------------------
 # One row per (task, model), the model's fields (EncoderConfig) and the run's. Embeddings (§5): N(0, 1) for
@@ -209,7 +209,8 @@ class NDR(Recipe):
     def plot_examples(self, model, texts):
         """NDR paper Figs. 2–3: copy gates and the attention of every head at every step."""
         split, names = self.task.splits["test"], list(self.task.vocab) + ["<eos>", "<sos>"]
-        examples = [(example_name(text), self.task.encode(text), None) for text in texts]
+        examples = [(example_name(text), parse_tokens(text, self.task.vocab, self.task.tokenize), None)
+                    for text in texts]
         examples = examples or [(sample_name("test", i, split), split.inputs[i], self.task.classes[split.labels[i]])
                                 for i in plot_sample(len(split))]
         pictures = []
