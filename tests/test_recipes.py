@@ -208,3 +208,54 @@ def test_a_missing_preset_row_is_one_line_naming_the_rows(monkeypatch):
     monkeypatch.setattr(ndr.NDR, "ROW_OF_ANY_MODEL", None)
     with pytest.raises(recipes.UsageError, match="no preset for arith / transformer-coda; models with one: "):
         train.make_config("arith", "transformer-coda")
+
+
+# --- run directories of older versions: task options and schedule inside model_config ---------------------
+
+def _older_layout(run_dir):
+    """Rewrite a run's checkpoint as minattn wrote it before the task options left the model configs: the
+    options inside ``model_config`` (config and identity), no "last" metrics, and the selected evaluation's
+    whole log entry as its metrics."""
+    path = os.path.join(run_dir, "checkpoint.npz")
+    with np.load(path) as z:
+        arrays = {k: z[k] for k in z.files}
+    meta = json.loads(str(arrays["metadata"]))
+    for key in ("config", "identity"):
+        meta[key]["model_config"].update(meta[key].pop("options"))
+    meta.pop("last")
+    meta["best"]["metrics"] = next((h for h in meta["history"] if h["step"] == meta["best"]["step"]), {})
+    arrays["metadata"] = np.array(json.dumps(meta))
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+
+
+OLD_RUNS = {
+    "sort": ["--task", "sort", "--model", "abstractor", "--train-size", "100", "--set", "stop_on=train_loss",
+             "--set", "patience=10", "--set", "eval_epochs=1", "--set", "epochs=200", "--set", "init=keras",
+             "--set", "d_model=16", "--set", "d_ff=16"],
+    "pairwise": ["--task", "pairwise", "--model", "abstractor-simplified", "--eval-every", "2"],
+}
+
+
+@pytest.mark.parametrize("name", list(OLD_RUNS))
+def test_old_run_directories_still_evaluate_and_resume(name, tmp_path, monkeypatch, capsys):
+    from minattn.data import SortTask
+    monkeypatch.setattr(recipes.abstractor.Sort, "make_task", lambda self: SortTask(n_sequences=400))
+    argv = OLD_RUNS[name] + ["--no-progress"]
+    short, straight, old = (str(tmp_path / d) for d in ("short", "straight", "old"))
+    assert train.main(argv + ["--steps", "2", "--out", short]) == 0
+    assert train.main(argv + ["--steps", "4", "--out", straight]) == 0
+    assert train.main(argv + ["--steps", "2", "--out", old]) == 0
+    _older_layout(old)
+    capsys.readouterr()
+    assert train.main(["--evaluate", "--out", old]) == 0
+    assert json.loads(capsys.readouterr().out)["step"] == 2
+
+    def same(x, y):
+        a, b = (json.load(open(os.path.join(d, "results.json"))) for d in (x, y))
+        assert a["metrics"] == b["metrics"] and a["metrics"] and a["best_step"] == b["best_step"]
+        assert a["final_metrics"] == b["final_metrics"] and a["config"] == b["config"]
+    assert train.main(["--resume", old, "--no-progress"]) == 0, capsys.readouterr().err   # at its end: results
+    same(short, old)
+    assert train.main(["--resume", old, "--steps", "4", "--no-progress"]) == 0, capsys.readouterr().err
+    same(straight, old)
