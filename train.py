@@ -15,9 +15,9 @@ What differs between papers (model, presets, batches, loss, evaluation, pictures
 minattn/recipes/, found by task in its one table ``RECIPES``; the run directory's files (lock, checkpoint,
 log, --report) are minattn/rundir.py. This file: configuration, the loop, trained runs, the command line.
 
-Model selection follows the NDR paper (docs/ndr.md §6): "iid" is the IID accuracy at the end of
-training; "test" is the test accuracy at the evaluation with the best "valid" accuracy (ties go to
-the later one), reported with that "best_step".
+Model selection is each task's ``Selection`` (minattn/recipes/base.py): the NDR paper's (docs/ndr.md §6)
+reports "iid" at the end of training and "test" at the evaluation with the best "valid" accuracy (ties go
+to the later one), with that "best_step"; results.json holds the metrics the recipe's evaluate() returns.
 
 Randomness: parameters are initialised from ``--seed``; the data order comes from a NumPy generator
 seeded from it; dropout and gate-dropout masks of step k come from ``RNG(seed).reseed(k)``. So

@@ -257,7 +257,7 @@ def bench_coda(device, repeat):
     classifier ("transformer" vs "transformer-coda" at the CTL cpu preset: d 128, 4 heads, d_ff 256, 11
     steps; batch 128 at two lengths) and of the MLU encoder–decoder (cpu preset: 2+2 layers, d 128, 4 heads
     of 32, batch 128, inputs of 16 characters, targets of 8), with the peak memory of a step. Then the L1
-    distance alone, fused vs its composite, at the MLU encoder's size. Target (issue 7): CoDA ≤ 2× softmax."""
+    distance alone, fused vs its composite, at the MLU encoder's size. Target: CoDA ≤ 2× softmax."""
     from .attention.coda import l1_distance, l1_distance_reference
     from .models.encoder import Classifier, EncoderConfig
     from .models.seq2seq import CoDASeq2SeqTransformer, EncoderDecoderConfig, Seq2SeqTransformer

@@ -1,4 +1,4 @@
-"""Attention mechanisms and encoder models of the NDR issue: definitions, masks, padding."""
+"""Attention mechanisms and encoder models of the NDR paper (docs/ndr.md): definitions, masks, padding."""
 import numpy as np
 import pytest
 

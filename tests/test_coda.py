@@ -1,7 +1,7 @@
 """CoDA quasi-attention (docs/coda.md): the fused L1 distance against its definition and its memory bound,
 Eq. 10 against a direct NumPy computation, masks that give exactly zero weight, stability at huge distances
 and with every key masked, the gate at initialisation (§3) and in the training logs, the MLU generator
-(§5) and its training recipe (minattn/recipes/mlu.py). Gradients are checked in tests/test_gradcheck.py.
+(§5) and its training recipe (minattn/recipes/coda.py). Gradients are checked in tests/test_gradcheck.py.
 Section numbers (§) without "paper" are those of docs/coda.md."""
 import json
 import math

@@ -420,7 +420,7 @@ MODULES += [
      lambda rng: CoDASeq2SeqTransformer(7, 6, CoDAEncoderDecoderConfig(**ABS, coda_gate="centered", coda_center_e=True),
                                         d_src=3, seed=1), ABS_SEQ),
 ] + [
-    # the models' CoDA options as issue 20 item 1 sets them from the command line (--set coda_beta=1, --set
+    # the models' CoDA options as the command line sets them (--set coda_beta=1, --set
     # coda_gate=centered), through the config fields that CoDAttention.from_config reads; and init="keras"
     (f"CoDASeq2SeqTransformer_{name}", lambda m, x, t, k: m(x, t, k),
      lambda rng, kw=kw: CoDASeq2SeqTransformer(7, 6, CoDAEncoderDecoderConfig(**ABS, **kw), d_src=3, seed=1), ABS_SEQ)

@@ -10,16 +10,18 @@ Every task is generated in code from a seed (no downloads) and holds fixed data:
     split.describe()                      a one-line summary after the size (what ``tasks.py stats`` prints)
     task.export_files()                   {file name: lines}: one file per split (+ objects.tsv for object tasks)
 
-On top of that, each kind of task carries what its models read; the recipes (minattn/recipes/) use these directly:
+Training batches come in one shape: ``batches(batch_size, rng, ...)``, an endless generator of host batches
+that is a pure function of ``rng``, on what holds the training data. On top of that, each kind of task carries
+what its models read; the recipes (minattn/recipes/) use these directly:
 
-    kind (module)                         tasks                     a split holds             batches
-    token classification (ndr, listops)   ctl, ctl-backward,        inputs (Ragged), labels,  batches(split, ...),
-                                          arith, listops            depths; task.vocab        eval_batches(split, ...)
-    sequence to sequence (seq2seq, mlu)   lookup, scan, mlu         inputs, targets (Ragged), split.batches(...),
-                                                                    lines; in/out_vocab       split.eval_batches(...)
-    objects (objects)                     sort, pairwise, set       index, labels;            epoch_batches(n, ...)
-                                                                    task.objects
-    retrieval (retrieval)                 retrieval                 a seeded sample per pool  task.batch(B, rng, pool)
+    kind (module)                         tasks                     a split holds             batches from
+    token classification (ndr, listops)   ctl, ctl-backward,        inputs (Ragged), labels,  split.batches(B, rng, mode)
+                                          arith, listops            depths; task.vocab        (eval: eval_batches(split, B))
+    sequence to sequence (seq2seq, mlu)   lookup, scan, mlu         inputs, targets (Ragged), split.batches(B, rng, mode)
+                                                                    lines; in/out_vocab       (eval: split.eval_batches(B))
+    objects (objects)                     sort, pairwise, set       index, labels;            split.batches(B, rng)
+                                                                    task.objects              (Keras-style epochs)
+    retrieval (retrieval)                 retrieval                 a seeded sample per pool  task.batches(B, rng, pool)
 
 ``retrieval`` has no fixed data (each training step draws a fresh batch), so its splits are seeded
 samples of its three pools made only when read. Nothing in this package imports tasks.py or train.py.

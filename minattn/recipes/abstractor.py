@@ -104,12 +104,6 @@ class Sort(ObjectRecipe):
     SELECTION = {"valid_tf": Selection(metric="valid_tf", once=GREEDY),
                  "train_loss": Selection(metric="train_loss", higher=False, once=GREEDY)}
 
-    @classmethod
-    def derive(cls, row, task, model):
-        if row["stop_on"] not in cls.SELECTION:
-            raise ValueError(f"--set stop_on={row['stop_on']}: choose one of {', '.join(cls.SELECTION)}")
-        return row
-
     @property
     def selection(self):
         if self.cfg.options.stop_on not in self.SELECTION:

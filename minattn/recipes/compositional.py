@@ -28,7 +28,7 @@ PAPER = {
     ("retrieval", "mha"): dict(steps=100_000, batch_size=256, eval_every=5000, lr=1e-4, weight_decay=0.0,
                                grad_clip=0.0),
 }
-# "cpu": 30,000 steps, an evaluation every 2,500 (timings: RESULTS.md)
+# "cpu": 30,000 steps, an evaluation every 2,500 (RESULTS.md, "The step times behind the cpu presets")
 CPU = {"*": dict(steps=30_000, eval_every=2500)}
 
 

@@ -112,7 +112,7 @@ PAPER = {
 }
 
 # --- "cpu": sized for a 2-core machine (~30 min per run); overrides of the paper's row, applied in order -----
-# Timings behind the step counts: RESULTS.md ("Speed").
+# Timings behind the step counts: RESULTS.md, "The step times behind the cpu presets".
 CPU = {
     # batch 128 at lr 3e-4, an evaluation every 500 steps
     "*": dict(batch_size=128, lr=3e-4, eval_every=500),
