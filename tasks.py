@@ -31,7 +31,7 @@ import sys
 from minattn.data import (SCAN_SPLITS, TASKS, MLUTask, PairwiseOrderTask, Ragged, RetrievalTask,  # noqa: F401
                           SetTask, SortTask, batches, collate, epoch_batches, eval_batches, get_task, is_set,
                           scan_split)
-from minattn.data.seq2seq import ScanGrammar
+from minattn.data.seq2attn import ScanGrammar
 
 
 def _option(text: str):

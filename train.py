@@ -395,7 +395,7 @@ def parse_args(argv=None):
     models = dict.fromkeys(m for r in RECIPES for m in r.models)  # sort and MLU share transformer-seq2seq
     ap.add_argument("--model", help="one of: " + ", ".join(models) + " (default ndr)")
     ap.add_argument("--split", help="scan: the split, e.g. filler0, length, length_cutoff_26 (all: SCAN_SPLITS in "
-                    "minattn/data/seq2seq.py)")
+                    "minattn/data/seq2attn.py)")
     ap.add_argument("--device", default="cpu", help="cpu or gpu (needs CuPy: make venv DEVICE=gpu, or "
                     "pip install -e '.[gpu]'; see README \"On a GPU\")")
     ap.add_argument("--preset", default="cpu", help="cpu (default; ~30 min on 2 cores) or paper (the paper's "

@@ -161,7 +161,7 @@ def bench_ndr(device, repeat):
 def bench_crt(device, repeat):
     """A Contextual Retrieval Task training step (docs/compositional.md §9: batch 256 × 10 objects, D = 64,
     2 searches, 4 retrievals) for the multi-head and the compositional model; data generation excluded."""
-    from .models.crt import CRTConfig, CRTModel
+    from .models.compositional import CRTConfig, CRTModel
     xp = backend.get_xp(device)
     B, N, S, R = 256, 10, 2, 4
     rng = np.random.default_rng(0)

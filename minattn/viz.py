@@ -34,7 +34,7 @@ from . import backend
 from .attention.coda import CoDAttention
 from .attention.compositional import CompositionalAttention
 from .engine import Tensor, eval_mode, no_grad
-from .models import crt
+from .models import compositional as compositional_models
 
 DPI = 100
 CELL = 0.25          # inches per heatmap cell (half that for maps over 32 tokens)
@@ -202,7 +202,7 @@ def encoder_pictures(model, ids, lengths, tokens, title, name="example", classes
 
 
 def retrieval_pictures(model, x, prefs, title, name="retrieval"):
-    """The Contextual Retrieval Task (models/crt.py) on a batch x (B, N, in_dim) with the task's retrieval
+    """The Contextual Retrieval Task (models/compositional.py) on a batch x (B, N, in_dim) with the task's retrieval
     choices prefs (B, N, S_gt) (host): the search maps of the first sample (which object each search
     finds), and for the compositional models the value scores over all samples: the mean retrieval choice
     of each search (Compositional Attention Fig. 4) and per ground-truth retrieval (Fig. 5: a model that
@@ -223,7 +223,7 @@ def retrieval_pictures(model, x, prefs, title, name="retrieval"):
     scores = backend.to_numpy(c.data)                                                           # (B, N, S, R)
     R = scores.shape[-1]
     per_search = scores.reshape(-1, S, R).mean(axis=0)
-    M = crt.specialisation(scores, prefs, model.cfg.retrievals)                      # (S_gt, R_gt, S, R)
+    M = compositional_models.specialisation(scores, prefs, model.cfg.retrievals)                      # (S_gt, R_gt, S, R)
     S_gt, R_gt = M.shape[:2]
     pictures.append(Picture(f"{name}-value-scores-per-search", f"{title}\nmean value scores on {B} samples", [
         Panel(per_search, "mean retrieval choice per search", rows=[f"search {s}" for s in range(S)],

@@ -312,7 +312,7 @@ def families():
     from minattn import optim
 
     def crt(name):
-        from minattn.models.crt import CRTConfig, CRTModel
+        from minattn.models.compositional import CRTConfig, CRTModel
         r = np.random.default_rng(0)
         x, y = (_up(r.standard_normal(shape).astype(np.float32)) for shape in ((256, 10, 14), (256, 10)))
         model = CRTModel(name, 14, CRTConfig(searches=2, retrievals=4)).to(DEVICE)

@@ -23,7 +23,7 @@ from minattn.models.seq2seq import (CoDAEncoderDecoderConfig, CoDASeq2SeqTransfo
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tasks  # noqa: E402
-from minattn.data import mlu as mlu_data  # noqa: E402
+from minattn.data import coda as mlu_data  # noqa: E402
 import train  # noqa: E402
 from minattn import recipes  # noqa: E402
 

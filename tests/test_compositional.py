@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 
 import tasks
-from minattn.data import retrieval  # noqa: E402
+from minattn.data import compositional as retrieval  # noqa: E402
 import train
 from minattn import recipes
 from minattn.attention.compositional import CompositionalAttention
 from minattn.attention.multihead import MultiHeadAttention
 from minattn.engine import Tensor, eval_mode, no_grad
 from minattn.gradcheck import check_backward
-from minattn.models.crt import CRTConfig, CRTModel, CRTMultiHeadAttention, format_specialisation, specialisation
+from minattn.models.compositional import CRTConfig, CRTModel, CRTMultiHeadAttention, format_specialisation, specialisation
 from minattn.models.encoder import Classifier, EncoderConfig
 
 

@@ -10,7 +10,7 @@ from minattn.attention.coda import l1_distance
 from minattn.attention.compositional import CompositionalAttention
 from minattn.attention.geometric import geometric_attention_weights
 from minattn.attention.relational import RelationalCrossAttention
-from minattn.data import retrieval
+from minattn.data import compositional as retrieval
 from minattn.engine import Tensor
 
 from .test_abstractor import naive_rca, randomize, x_and_s

@@ -25,7 +25,7 @@ from minattn.attention.relative import RelativeMultiHeadAttention
 from minattn.models.abstractor import (AbstractorConfig, AbstractorLayer, AbstractorSeq2Seq, PositionalSymbols,
                                        RelationalClassifier, SimplifiedAbstractorLayer, SimplifiedConfig,
                                        SymbolicAttention)
-from minattn.models.crt import MODELS as CRT_MODELS, CRTConfig, CRTModel, CRTMultiHeadAttention
+from minattn.models.compositional import MODELS as CRT_MODELS, CRTConfig, CRTModel, CRTMultiHeadAttention
 from minattn.models.seq2attn import Seq2Attn, model_config as seq2attn_config
 from minattn.models.encoder import (ARCHITECTURES, Classifier, CoDAEncoderConfig, CopyGateLayer, EncoderConfig,
                                     PostLNLayer)

@@ -17,11 +17,11 @@ what its models read; the recipes (minattn/recipes/) use these directly:
     kind (module)                         tasks                     a split holds             batches from
     token classification (ndr, listops)   ctl, ctl-backward,        inputs (Ragged), labels,  split.batches(B, rng, mode)
                                           arith, listops            depths; task.vocab        (eval: eval_batches(split, B))
-    sequence to sequence (seq2seq, mlu)   lookup, scan, mlu         inputs, targets (Ragged), split.batches(B, rng, mode)
+    sequence to sequence (seq2attn, coda) lookup, scan, mlu         inputs, targets (Ragged), split.batches(B, rng, mode)
                                                                     lines; in/out_vocab       (eval: split.eval_batches(B))
-    objects (objects)                     sort, pairwise, set       index, labels;            split.batches(B, rng)
+    objects (abstractor)                  sort, pairwise, set       index, labels;            split.batches(B, rng)
                                                                     task.objects              (Keras-style epochs)
-    retrieval (retrieval)                 retrieval                 a seeded sample per pool  task.batches(B, rng, pool)
+    retrieval (compositional)             retrieval                 a seeded sample per pool  task.batches(B, rng, pool)
 
 ``retrieval`` has no fixed data (each training step draws a fresh batch), so its splits are seeded
 samples of its three pools made only when read. Nothing in this package imports tasks.py or train.py.
@@ -29,11 +29,11 @@ samples of its three pools made only when read. Nothing in this package imports 
 from .base import Ragged, Task
 from .classification import ClassificationSplit, ClassificationTask, batches, collate, eval_batches
 from .listops import ListOpsTask
-from .mlu import MLUTask
+from .coda import MLUTask
 from .ndr import ArithTask, CTLBackwardTask, CTLTask
-from .objects import ObjectSplit, PairwiseOrderTask, SetTask, SortTask, epoch_batches, is_set
-from .retrieval import RetrievalTask
-from .seq2seq import SCAN_SPLITS, LookupTask, ScanTask, Seq2SeqSplit, scan_split
+from .abstractor import ObjectSplit, PairwiseOrderTask, SetTask, SortTask, epoch_batches, is_set
+from .compositional import RetrievalTask
+from .seq2attn import SCAN_SPLITS, LookupTask, ScanTask, Seq2SeqSplit, scan_split
 
 __all__ = ["TASKS", "get_task", "Task", "Ragged",
            "ClassificationSplit", "ClassificationTask", "batches", "collate", "eval_batches",  # token classification

@@ -10,7 +10,7 @@ from .. import backend, viz
 from .. import functional as F
 from ..data import RetrievalTask
 from ..engine import eval_mode, no_grad
-from ..models import crt
+from ..models import compositional
 from .base import Recipe, Selection, fraction
 
 
@@ -38,10 +38,10 @@ class Compositional(Recipe):
     train combinations). ``ood_l1``: on the held-out test combinations (only out of distribution in
     OOD mode). Both are reported at the end of training (§9)."""
     tasks = ("retrieval",)
-    models = crt.MODELS
+    models = compositional.MODELS
     PAPER, CPU = PAPER, CPU
     ROW_OF_ANY_MODEL = "mha"
-    ModelConfig, Options = crt.CRTConfig, RetrievalOptions
+    ModelConfig, Options = compositional.CRTConfig, RetrievalOptions
     selection = Selection(metric="iid_l1", higher=False, final=("iid_l1", "ood_l1"))
 
     def load_task(self):
@@ -51,7 +51,7 @@ class Compositional(Recipe):
         self.train_pool = "train" if options.ood else "all"
 
     def build_model(self):
-        return crt.CRTModel(self.cfg.model, self.task.in_dim, self.cfg.model_config, seed=self.cfg.seed)
+        return compositional.CRTModel(self.cfg.model, self.task.in_dim, self.cfg.model_config, seed=self.cfg.seed)
 
     def batches(self, rng):
         return self.task.batches(self.cfg.batch_size, rng, self.train_pool)
@@ -83,7 +83,7 @@ class Compositional(Recipe):
                 _, _, c = model(backend.to_device(x, self.cfg.device), return_weights=True)
             if c is None:
                 raise ValueError("the analysis shows value scores, which only the compositional models have")
-            table = crt.format_specialisation(crt.specialisation(c.data, prefs, self.task.retrievals))
+            table = compositional.format_specialisation(compositional.specialisation(c.data, prefs, self.task.retrievals))
             name = "held-out (ood)" if pool == "test" else pool
             out.append(f"mean value scores on 2048 fresh samples ({name} combinations):\n{table}")
         return "\n\n".join(out)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import tasks
-from minattn.data import objects  # noqa: E402
+from minattn.data import abstractor as objects  # noqa: E402
 import train
 from minattn import recipes
 from minattn.recipes.base import schedule

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from .base import Ragged, rng_for
-from .seq2seq import Seq2SeqSplit, Seq2SeqTask
+from .seq2attn import Seq2SeqSplit, Seq2SeqTask
 
 MLU_SHAPE = (2000, 2000, 2, 4, 3)   # a, b, assignment order, (u, w), op: 96M distinct inputs
 
