@@ -79,10 +79,10 @@ def make_config(task, model, preset="cpu", **overrides):
         raise UsageError(f"unknown preset {preset!r}; valid presets: cpu, paper")
     fields = _field_types(recipe, model)
     unknown = sorted(k for k, v in overrides.items() if v is not None and k not in fields)
+    if "split" in unknown:
+        raise UsageError(f"task {task} has no --split")
     if unknown:
-        flag = "--split" if unknown == ["split"] else f"setting {unknown[0]!r}"
-        raise UsageError(f"task {task} has no {flag}" if unknown == ["split"] else
-                         f"unknown {flag}; valid: {', '.join(sorted(fields))}")
+        raise UsageError(f"unknown setting {unknown[0]!r}; valid: {', '.join(sorted(fields))}")
     option_names = {f.name for f in dataclasses.fields(recipe.Options)} if recipe.Options else set()
     with user_values():
         cfg = recipe.config(task, model, preset, **{k: v for k, v in overrides.items()

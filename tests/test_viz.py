@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from minattn import backend, viz
-from minattn.models import abstractor, crt, seq2attn
+from minattn.models import abstractor, compositional, seq2attn
 from minattn.models.encoder import Classifier, EncoderConfig
 from minattn.models.seq2seq import CoDASeq2SeqTransformer, EncoderDecoderConfig
 
@@ -50,7 +50,8 @@ def seq2attn_pictures(model, device):
 def retrieval_pictures(name, device):
     task = tasks.RetrievalTask(2, 3, 5)
     x, _, prefs = task.batch(64, np.random.default_rng(0))
-    model = crt.CRTModel(name, task.in_dim, crt.CRTConfig(searches=2, retrievals=3, d_model=12), seed=0).to(device)
+    cfg = compositional.CRTConfig(searches=2, retrievals=3, d_model=12)
+    model = compositional.CRTModel(name, task.in_dim, cfg, seed=0).to(device)
     return viz.retrieval_pictures(model, *on(device, x), prefs, f"retrieval / {name}")
 
 

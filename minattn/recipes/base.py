@@ -7,9 +7,11 @@ with these tables and hooks:
 
     tasks, models                  the --task and --model names it trains (models: a registry of named rows)
     PAPER, CPU                     its presets: the paper's row per (task, model), and the "cpu" preset's
-                                   overrides with their reasons (``preset_row`` reads them; see below)
-    Options                        its task options (a dataclass, e.g. SCAN's split), or None
-    selection                      which logged value selects the reported evaluation (``Selection``)
+                                   overrides with their reasons (``preset_row`` reads them, with SAME_ROWS
+                                   and ROW_OF_ANY_MODEL; ``derive`` computes what a row counts, if anything)
+    ModelConfig, Options           the model's config class (``model_config_class`` when it differs per
+                                   model) and the task options' class, or None
+    selection                      the model-selection rule (a ``Selection``; a property when per task)
     load_task()                    generate (or load) the data; keep it on self
     build_model()                  the network (a minattn.nn.Module)
     batches(rng)                   an endless generator of host-side training batches, a pure function of rng
@@ -25,9 +27,10 @@ Only the first five hooks have no default. A hook may raise ValueError for a bad
 --set choice, a train size larger than the pool): train.py turns it into a one-line UsageError.
 
 A run's configuration (``RunConfig``) has three parts that do one thing each: the run's schedule and
-optimizer (RunConfig's own fields), the task options (``options``: the recipe's ``Options``) and the
-model (``model_config``: the dataclass of the model's registry row). A preset row names fields of all
-three; ``Recipe.config`` sorts them by name.
+optimizer (RunConfig's own fields), the task options (``options``, the recipe's ``Options``: the data, and
+the schedule a task counts in, ``EpochSchedule`` or ``WarmupSchedule``) and the model (``model_config``:
+the model and nothing else). A preset row names fields of all three; ``Recipe.config`` sorts them by name.
+The schedule is resolved (``schedule``) before the recipe is built; a recipe never writes its config.
 """
 import dataclasses
 import re
@@ -177,7 +180,7 @@ class Recipe:
     ROW_OF_ANY_MODEL = None          # the model whose rows a model without its own uses (None: none)
     ModelConfig = None               # the model config class (``model_config_class``)
     Options = None                   # the task options class, or None
-    selection = Selection()          # or {task: Selection}
+    selection = Selection()          # the model-selection rule (a property where it depends on the run)
 
     def __init__(self, cfg):
         self.cfg = cfg
