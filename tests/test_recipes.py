@@ -232,7 +232,7 @@ def _older_layout(run_dir):
 OLD_RUNS = {
     "sort": ["--task", "sort", "--model", "abstractor", "--train-size", "100", "--set", "stop_on=train_loss",
              "--set", "patience=10", "--set", "eval_epochs=1", "--set", "epochs=200", "--set", "init=keras",
-             "--set", "d_model=16", "--set", "d_ff=16"],
+             "--set", "d_model=8", "--set", "d_ff=8"],
     "pairwise": ["--task", "pairwise", "--model", "abstractor-simplified", "--eval-every", "2"],
 }
 
@@ -242,10 +242,12 @@ def test_old_run_directories_still_evaluate_and_resume(name, tmp_path, monkeypat
     from minattn.data import SortTask
     monkeypatch.setattr(recipes.abstractor.Sort, "make_task", lambda self: SortTask(n_sequences=400))
     argv = OLD_RUNS[name] + ["--no-progress"]
-    short, straight, old = (str(tmp_path / d) for d in ("short", "straight", "old"))
-    assert train.main(argv + ["--steps", "2", "--out", short]) == 0
+    straight, old = str(tmp_path / "straight"), str(tmp_path / "old")
     assert train.main(argv + ["--steps", "4", "--out", straight]) == 0
     assert train.main(argv + ["--steps", "2", "--out", old]) == 0
+    short = str(tmp_path / "short")
+    os.makedirs(short)
+    os.rename(os.path.join(old, "results.json"), os.path.join(short, "results.json"))
     _older_layout(old)
     capsys.readouterr()
     assert train.main(["--evaluate", "--out", old]) == 0
