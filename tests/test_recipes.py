@@ -3,11 +3,12 @@ inside a test (in a real change: the files named in the comments) and then train
 loop:
 
 - a new kind of task: one recipe (one new file in minattn/recipes/) plus its row in ``RECIPES``;
-- a new task of an existing kind: its generator (minattn/data/) and its row in ``TASKS``, its name in the
-  recipe's ``tasks`` and one preset row (3 files, 4 places);
+- a new task of an existing kind: its generator (a class in minattn/data/), its import and row in ``TASKS``
+  (minattn/data/__init__.py), its name in the recipe's ``tasks`` and one preset row (minattn/recipes/): 3
+  files, 5 places;
 - an attention drop-in for the NDR paper's encoder: its file (minattn/attention/) plus one row in
-  ``ARCHITECTURES`` (minattn/models/encoder.py): 2 files, 2 places (the row and the import); it trains the
-  Transformer's preset.
+  ``ARCHITECTURES`` and its import (minattn/models/encoder.py): 2 files, 2 places besides the new file; it
+  trains the Transformer's preset.
 
 --show-config shows what flags and --set changed; a missing preset is one line naming the valid ones.
 """

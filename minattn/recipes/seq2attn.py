@@ -23,7 +23,7 @@ class SplitOptions:
 # "paper": the sizes of paper Table 3 (§2.5, §3.6); the dropout acts between RNN layers, a no-op with one layer
 # (§1.6). Adam (AdamW without decay) lr 1e-3, gradient clipping at 5, teacher forcing 0.5 per sequence (§1.6).
 # Lookup: 100 epochs at batch 1, an evaluation every 100 updates; SCAN: 50 epochs at batch 64 (the project's
-# default: the paper's SCAN batch size is unknown) in length buckets, 10 evaluations (``derive``).
+# default: the paper's SCAN batch size is unknown) in length buckets, 10 evaluations (``TASKS``, ``derive``).
 SEQ2SEQ = seq2attn.MODELS["seq2seq"]      # the baseline: none of seq2attn's four components
 PAPER = {
     ("lookup", "seq2attn"): dict(d_embedding=256, d_hidden=256, n_layers=1, cell="gru", dropout=0.5,
@@ -37,7 +37,6 @@ PAPER = {
     ("scan", "seq2seq"): dict(SEQ2SEQ, d_embedding=200, d_hidden=200, n_layers=2, cell="lstm", dropout=0.5,
                               batch_size=64, lr=1e-3, weight_decay=0.0, grad_clip=5.0, batching="bucketed"),
 }
-EPOCHS = {"lookup": 100, "scan": 50}
 # "cpu" keeps all of that but shrinks both models to E = H = 64 (lookup; the paper's ablation uses one size
 # for all) or 128 (SCAN).
 CPU = {
@@ -65,6 +64,17 @@ def scan_train_size(split):
     return len(scan_split(split)["train"])
 
 
+# The two tasks as rows: epochs of training, the training pairs an epoch has (lookup: its one structure,
+# sample1; SCAN: those of its --split, which it needs), whether the train split is evaluated (SCAN's 15–22k
+# commands are not) and the selection rule: lookup reports the evaluation with the lowest validation loss
+# (§1.6), SCAN, which has no validation set, the end of training (§3.6).
+TASKS = {
+    "lookup": dict(epochs=100, train_size=lambda split: 232, needs_split=False, evaluate_train=True,
+                   selection=Selection(metric="validation_loss", higher=False)),
+    "scan": dict(epochs=50, train_size=scan_train_size, needs_split=True,
+                 evaluate_train=False, selection=Selection(metric=None)),
+}
+
 ANALYSIS_SAMPLE = 2000   # training examples --analyze decodes
 
 
@@ -84,24 +94,22 @@ class Seq2Attn(Recipe):
     models = seq2attn.MODELS
     PAPER, CPU = PAPER, CPU
     ModelConfig, Options = seq2attn.Seq2AttnConfig, SplitOptions
-    SELECTION = {"lookup": Selection(metric="validation_loss", higher=False), "scan": Selection(metric=None)}
 
     @classmethod
     def derive(cls, row, task, model):
-        """Steps: whole epochs of the train split (lookup's 232 pairs; SCAN's split, which it needs)."""
-        split = row.get("split", "")
-        if task == "lookup" and split:
-            raise ValueError("lookup has one split structure (sample1): drop --split")
-        if task == "scan" and not split:
-            raise ValueError(f"scan needs a split: --split one of {', '.join(SCAN_SPLITS)}")
-        n_train = scan_train_size(split) if split else 232
-        row["steps"] = EPOCHS[task] * -(-n_train // row["batch_size"])
+        """Steps: whole epochs of the train split (``TASKS``); lookup evaluates every 100, SCAN 10 times."""
+        split, t = row.get("split", ""), TASKS[task]
+        if split and not t["needs_split"]:
+            raise ValueError(f"{task} has one split structure (sample1): drop --split")
+        if t["needs_split"] and not split:
+            raise ValueError(f"{task} needs a split: --split one of {', '.join(SCAN_SPLITS)}")
+        row["steps"] = t["epochs"] * -(-t["train_size"](split) // row["batch_size"])
         row.setdefault("eval_every", max(1, row["steps"] // 10))
         return row
 
     @property
     def selection(self):
-        return self.SELECTION[self.cfg.task]
+        return TASKS[self.cfg.task]["selection"]
 
     def load_task(self):
         split = self.cfg.options.split
@@ -125,7 +133,7 @@ class Seq2Attn(Recipe):
         result = {}
         with no_grad(), eval_mode():
             for name, split in self.task.splits.items():
-                if name == "train" and self.cfg.task == "scan":
+                if name == "train" and not TASKS[self.cfg.task]["evaluate_train"]:
                     continue
                 correct, loss = 0, 0
                 for batch in split.eval_batches(self.cfg.eval_batch_size):
