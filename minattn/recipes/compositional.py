@@ -83,7 +83,8 @@ class Compositional(Recipe):
                 _, _, c = model(backend.to_device(x, self.cfg.device), return_weights=True)
             if c is None:
                 raise ValueError("the analysis shows value scores, which only the compositional models have")
-            table = compositional.format_specialisation(compositional.specialisation(c.data, prefs, self.task.retrievals))
+            scores = compositional.specialisation(c.data, prefs, self.task.retrievals)
+            table = compositional.format_specialisation(scores)
             name = "held-out (ood)" if pool == "test" else pool
             out.append(f"mean value scores on 2048 fresh samples ({name} combinations):\n{table}")
         return "\n\n".join(out)
