@@ -112,11 +112,8 @@ class Seq2Attn(Recipe):
         return TASKS[self.cfg.task]["selection"]
 
     def load_task(self):
-        split = self.cfg.options.split
-        try:
-            self.task = get_task(self.cfg.task, **({"split": split} if split else {}))
-        except ValueError as e:
-            raise ValueError(f"{e} (choose with --split)") from None
+        split = self.cfg.options.split     # checked with the preset (``derive``)
+        self.task = get_task(self.cfg.task, **({"split": split} if split else {}))
 
     def build_model(self):
         return seq2attn.Seq2Attn(self.cfg.model_config, len(self.task.in_vocab), len(self.task.out_vocab),
