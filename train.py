@@ -38,8 +38,9 @@ from tqdm import tqdm  # noqa: E402
 
 from minattn import backend, optim, viz  # noqa: E402
 from minattn.recipes import RECIPES, RunConfig, UsageError, recipe_for  # noqa: E402
-from minattn.rundir import (CHECKPOINT, convert, identity, load_checkpoint, locked, repair_log,  # noqa: E402
-                            report, save_checkpoint, to_json, write_atomic)
+from minattn.rundir import (CHECKPOINT, Terminated, append_line, convert, handling_signals,  # noqa: E402
+                            identity, load_checkpoint, locked, repair_log, report, resume_check, resume_settings,
+                            save_checkpoint, saved_settings, setting_types, to_json, write_atomic)
 
 
 class Diverged(Exception):
@@ -94,18 +95,16 @@ def _bool(text):
 _EXPECTED = {"int": "an integer", "float": "a number", "bool": "true or false"}
 
 
-def _parse_value(key, text, task, model=None):
+def _parse_value(key, text, task, model=None, allowed=None):
     """--set values take the type of the field they override (in the model's own config when it is known)."""
-    recipe = recipe_for(task)
-    model_config = recipe.config(task, model if model in recipe.models else recipe.models[0], "cpu").model_config
-    field_types = {f.name: f.type for f in dataclasses.fields(model_config)}
-    field_types.update({f.name: f.type for f in dataclasses.fields(RunConfig)})
-    for name in ("model_config", "task", "model", "preset"):   # not --set's to change
-        field_types.pop(name)
+    field_types = setting_types(task, model)
     kind = field_types.get(key)
+    if kind is None and allowed is not None:   # a trained run: name only what it takes
+        raise UsageError(f"{task} / {model} has no {key}; a trained run of it takes: "
+                         f"{', '.join(k for k in allowed if k in field_types) or 'no --set'}")
     if kind is None:
         raise UsageError(f"unknown setting {key!r} in --set; valid: {', '.join(sorted(field_types))}")
-    kind = getattr(kind, "__name__", kind)   # a class, or its name under postponed annotations
+    kind = kind.__name__
     try:
         return {"int": int, "float": float, "str": str, "bool": _bool}.get(kind, str)(text)
     except ValueError:
@@ -123,7 +122,7 @@ def _parse_settings(items, task, model, allowed=None):
             raise UsageError(f"--set {item}: use --{key} {value} instead")
         if allowed is not None and key not in allowed:
             raise UsageError(f"--set {item}: a trained run takes only {', '.join(k + '=N' for k in allowed)}")
-        settings[key] = _parse_value(key, value, task, model)
+        settings[key] = _parse_value(key, value, task, model, allowed)
     return settings
 
 
@@ -159,7 +158,7 @@ def train(cfg, out_dir, resume=False, progress=True):
         try:
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):   # the divergence guard says it once
                 return _train(cfg, out_dir, resume, progress)
-        except UsageError:      # refused before anything was written: leave no empty run directory behind
+        except (UsageError, MemoryError):   # refused before anything was written: leave no empty directory behind
             if created and os.listdir(out_dir) == ["lock"]:
                 os.remove(os.path.join(out_dir, "lock"))
                 os.rmdir(out_dir)
@@ -168,19 +167,8 @@ def train(cfg, out_dir, resume=False, progress=True):
 
 def _train(cfg, out_dir, resume, progress):
     ckpt_path, log_path = os.path.join(out_dir, CHECKPOINT), os.path.join(out_dir, "metrics.jsonl")
-    if resume:
-        ckpt = load_checkpoint(ckpt_path)
-        cfg.steps = ckpt["config"]["steps"] if cfg.steps is None else cfg.steps
-        cfg.eval_every = ckpt["config"]["eval_every"] if cfg.eval_every is None else cfg.eval_every
-        if ckpt["identity"] != identity(cfg):
-            def flat(d):   # model_config's fields by name: "d_model", not "model_config"
-                return {**{k: v for k, v in d.items() if k != "model_config"}, **(d.get("model_config") or {})}
-            was, now = flat(ckpt["identity"]), flat(identity(cfg))
-            diff = sorted(k for k in was.keys() | now.keys() if was.get(k) != now.get(k))
-            raise UsageError(f"checkpoint in {out_dir} was written by a different run (differs in: {', '.join(diff)}); "
-                             "nothing was overwritten")
-        if cfg.steps < ckpt["step"]:
-            raise UsageError(f"--steps {cfg.steps} is below step {ckpt['step']}, which {out_dir} has already reached")
+    if resume:   # refused unless the checkpoint is this run's and whole (the run's budget kept unless given)
+        ckpt = resume_check(cfg, out_dir)
     elif os.path.exists(ckpt_path) or os.path.exists(os.path.join(out_dir, "checkpoint.pkl")):
         raise UsageError(f"{out_dir} already holds a checkpoint: pass --resume to continue it, "
                          "or choose another --out")
@@ -262,8 +250,7 @@ def _train(cfg, out_dir, resume, progress):
                     selected = model.state_dict()
             entry = to_json(entry)
             history.append(entry)
-            with open(log_path, "a") as f:    # one write per line; a kill can tear only the last one
-                f.write(json.dumps(entry, allow_nan=False) + "\n")
+            append_line(log_path, json.dumps(entry, allow_nan=False) + "\n")   # a kill can tear only this line
             if diverged:                      # the last checkpoint (finite weights) stays as it is
                 break
             bar.set_postfix({k: v for k, v in entry.items() if k not in ("step", "wall_s")})
@@ -316,8 +303,7 @@ def _load_run(out_dir, device, settings=()):
     if not os.path.exists(path) and not os.path.exists(os.path.join(out_dir, "checkpoint.pkl")):
         raise UsageError(f"{out_dir} holds no {CHECKPOINT} (is it a run directory? train there first)")
     ckpt = load_checkpoint(path)
-    saved = dict(ckpt["config"], device=device)
-    saved = {**saved.pop("model_config"), **saved}
+    saved = dict(saved_settings(ckpt, path), device=device)
     saved.update(_parse_settings(settings, saved["task"], saved["model"], allowed=EVAL_SETTINGS))
     cfg = make_config(saved.pop("task"), saved.pop("model"), saved.pop("preset"), **saved)
     recipe = recipe_for(cfg.task)(cfg)
@@ -344,15 +330,23 @@ def evaluate_checkpoint(out_dir, device="cpu", settings=()):
     return {"step": step, "settings": list(settings), "metrics": recipe.evaluate(model)}
 
 
-def plot(out_dir, device="cpu", texts=(), task=None, model=None, settings=()):
-    """Pictures of what the checkpoint in out_dir learned (minattn/viz.py) as PNGs in out_dir/plots, or as
-    terminal heatmaps without matplotlib; returns the paths written. ``texts``: inputs to show instead of
-    the test examples; ``task``/``model``, when given, must be the checkpoint's."""
+def plot(out_dir, device="cpu", texts=(), task=None, model=None, settings=(), plot_dir=None):
+    """Pictures of what the checkpoint in out_dir learned (minattn/viz.py) as PNGs in ``plot_dir`` (default
+    out_dir/plots), or as terminal heatmaps without matplotlib; returns the paths written. ``texts``: inputs
+    to show instead of the test examples; ``task``/``model``, when given, must be the checkpoint's."""
+    if any(not t.strip() for t in texts):
+        raise UsageError("--example is empty: give the input to draw, e.g. --example '101 d a b'")
+    default_dir, plot_dir = plot_dir is None, plot_dir or os.path.join(out_dir, "plots")
+    if os.path.islink(plot_dir) or os.path.exists(plot_dir) and not os.path.isdir(plot_dir):
+        raise UsageError(f"{plot_dir} is a link or a file, not a directory for the pictures (choose --plot-dir)")
     recipe, net, _ = _load_run(out_dir, device, settings)
     for flag, given, saved in (("--task", task, recipe.cfg.task), ("--model", model, recipe.cfg.model)):
         if given is not None and given != saved:
             raise UsageError(f"{out_dir} holds a {recipe.cfg.task} / {recipe.cfg.model} checkpoint, not {flag} {given}")
-    paths = viz.write_pictures(recipe.plot_examples(net, list(texts)), os.path.join(out_dir, "plots"))
+    pictures = recipe.plot_examples(net, list(texts))
+    if default_dir and viz.have_matplotlib() and not os.access(plot_dir if os.path.isdir(plot_dir) else out_dir, os.W_OK):
+        raise UsageError(f"cannot write the pictures into {plot_dir} (read-only): choose --plot-dir DIR")
+    paths = viz.write_pictures(pictures, plot_dir)
     for path in paths:
         print(f"wrote {path}")
     return paths
@@ -370,8 +364,8 @@ def parse_args(argv=None):
                     "minattn/data/seq2seq.py)")
     ap.add_argument("--device", default="cpu", help="cpu or gpu (needs CuPy: make venv DEVICE=gpu, or "
                     "pip install -e '.[gpu]'; see README \"On a GPU\")")
-    ap.add_argument("--preset", default="cpu", help="cpu (default; ~30 min on 2 cores) or paper (the paper's "
-                    "hyperparameters, for a GPU)")
+    ap.add_argument("--preset", help="cpu (default; ~30 min on 2 cores) or paper (the paper's hyperparameters, "
+                    "for a GPU); a --resume keeps the run's")
     ap.add_argument("--steps", type=int, help="optimizer steps (default: the preset's)")
     ap.add_argument("--batch-size", type=int, help="training batch size (default: the preset's)")
     ap.add_argument("--lr", type=float, help="learning rate (default: the preset's)")
@@ -399,6 +393,7 @@ def parse_args(argv=None):
     ap.add_argument("--plot", action="store_true", help="draw what the checkpoint in --out learned (attention maps, "
                     "gates, value scores, relations) into DIR/plots and exit; PNGs need matplotlib (pip install -e "
                     "'.[plot]'), without it the maps are printed as text")
+    ap.add_argument("--plot-dir", metavar="DIR", help="--plot: write the PNGs to DIR (default: the run's plots/)")
     ap.add_argument("--example", action="append", default=[], metavar="TEXT",
                     help="--plot this input instead of a fixed sample of test examples (repeatable): the task's text, "
                     "e.g. ctl '101 d a b', lookup '100 t3 t1 .', scan 'jump twice'; object indices for sort, "
@@ -412,88 +407,115 @@ def parse_args(argv=None):
     return ap.parse_args(argv)
 
 
+MODES = ("report", "convert", "analyze", "evaluate", "plot", "show_config")   # each runs alone
+
+
 def main(argv=None):
-    args = parse_args(argv)
-    out = None
+    args, where = parse_args(argv), {"out": None}
     try:
-        if isinstance(args.resume, str):  # --resume DIR: the run directory, as --out DIR
-            if args.out and args.out != args.resume:
-                raise UsageError(f"--resume {args.resume} and --out {args.out} name different run directories")
-            args.out, args.resume = args.resume, True
-        if args.report:
-            report(args.report)
-            return 0
-        if args.convert:
-            convert(args.convert)
-            return 0
-        inspect = next((flag for flag in ("analyze", "evaluate", "plot") if getattr(args, flag)), None)
-        if inspect and not args.out:
-            raise UsageError(f"--{inspect} needs --out DIR (or --resume DIR), a run directory with a checkpoint")
-        if args.analyze:
-            print(analyze(args.out, args.device, args.set))
-            return 0
-        if args.evaluate:
-            print(json.dumps(evaluate_checkpoint(args.out, args.device, args.set)))
-            return 0
-        if args.plot:
-            plot(args.out, args.device, args.example, args.task, args.model, args.set)
-            return 0
-        if args.example:
-            raise UsageError("--example goes with --plot")
-        saved = {}
-        if args.resume and args.out and args.task is None and args.model is None:
-            # `--resume --out DIR` alone continues the run saved there: task, model, preset and every
-            # setting come from its checkpoint; flags given now (e.g. --steps) still apply on top.
-            saved = dict(load_checkpoint(os.path.join(args.out, CHECKPOINT))["config"])
-            args.task, args.model, args.preset = saved.pop("task"), saved.pop("model"), saved.pop("preset")
-            saved = {**saved.pop("model_config"), **saved}
-            saved.pop("device")
-        args.task, args.model = args.task or "ctl", args.model or "ndr"
-        recipe_for(args.task)
-        if args.device not in ("cpu", "gpu"):
-            raise UsageError(f"unknown device {args.device!r}; valid devices: cpu, gpu")
-        overrides = _parse_settings(args.set, args.task, args.model)
-        flags = dict(seed=args.seed, device=args.device, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                     eval_every=args.eval_every, searches=args.searches, retrievals=args.retrievals,
-                     ood=args.ood or None, split=args.split, train_size=args.train_size)
-        defaults = parse_args([])
-        for key, value in overrides.items():   # --set lr=… is the same as --lr …; both at once must agree
-            given = flags.get(key)
-            if given is not None and given != getattr(defaults, key, None) and given != value:
-                raise UsageError(f"--set {key}={value} contradicts --{key.replace('_', '-')} {given}")
-            flags[key] = value
-        for key, value in saved.items():       # what was not given now keeps the checkpoint's value
-            if key not in overrides and flags.get(key) in (None, getattr(defaults, key, None)):
-                flags[key] = value
-        args.seed = flags["seed"]
-        cfg = make_config(args.task, args.model, args.preset, **flags)
-        if args.show_config:   # resolved as training would (a recipe may count steps in epochs), then compared
-            preset = make_config(args.task, args.model, args.preset, split=flags["split"])
-            print(show_config(recipe_for(args.task)(cfg).cfg, recipe_for(args.task)(preset).cfg))
-            return 0
-        if args.resume:   # the run's own step budget and evaluation interval (train() reads them) unless given
-            cfg.steps, cfg.eval_every = flags["steps"], flags["eval_every"]
-        # the data options are part of the default name, so runs at different sizes or splits don't collide
-        task_name = "-".join([args.task] + [f"{tag}{value}" for tag, value in (
-            ("", args.split), ("n", args.train_size), ("S", args.searches), ("R", args.retrievals)) if value]
-            + ["ood"] * bool(args.ood))
-        out = args.out or os.path.join("runs", f"{task_name}-{args.model}-{args.preset}-s{args.seed}")
-        results = train(cfg, out, resume=args.resume, progress=not args.no_progress)
+        with handling_signals():   # Ctrl-C and SIGTERM: after any write in progress, then the lines below
+            return _main(args, where)
     except (UsageError, backend.DeviceError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:   # `train.py --report runs/* | head`: the reader left; not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except OSError as e:      # a full disk, a read-only directory: the system's one line, not a traceback
         print(f"error: {e.strerror or e}" + (f": {e.filename}" if e.filename else ""), file=sys.stderr)
+        return 2
+    except MemoryError as e:  # e.g. --set d_model=1000000: numpy names the array it could not allocate
+        print(f"error: not enough memory ({e or 'MemoryError'}); choose smaller sizes (d_model, d_ff, n_steps, "
+              "--batch-size)", file=sys.stderr)
         return 2
     except Diverged as e:
         print(f"error: {e}", file=sys.stderr)
         return 3
-    except KeyboardInterrupt:
-        saved = out and os.path.exists(os.path.join(out, CHECKPOINT))
-        print("interrupted" + ("" if out is None else   # out: set once training starts (not --evaluate, --plot)
-                               ": the last checkpoint is intact; continue with --resume" if saved else
-                               ": before the first checkpoint, so there is nothing to resume"), file=sys.stderr)
-        return 130
+    except (KeyboardInterrupt, Terminated) as e:
+        out = where["out"]
+        kept = out and os.path.exists(os.path.join(out, CHECKPOINT))
+        print(("interrupted" if isinstance(e, KeyboardInterrupt) else "terminated") + (
+            "" if out is None else   # out: set once training starts (not --evaluate, --plot)
+            ": the last checkpoint is intact; continue with --resume" if kept else
+            ": before the first checkpoint, so there is nothing to resume"), file=sys.stderr)
+        return 130 if isinstance(e, KeyboardInterrupt) else 143
+
+
+def _main(args, where):
+    """main() without its error handling; ``where["out"]``: the run directory, once training starts."""
+    if args.resume == "":
+        raise UsageError("--resume is empty: give the run directory")
+    if isinstance(args.resume, str):  # --resume DIR: the run directory, as --out DIR
+        if args.out and args.out != args.resume:
+            raise UsageError(f"--resume {args.resume} and --out {args.out} name different run directories")
+        args.out, args.resume = args.resume, True
+    for flag in ("task", "model", "preset", "split", "out", "plot_dir"):
+        if getattr(args, flag) == "":
+            raise UsageError(f"--{flag.replace('_', '-')} is empty")
+    modes = [f"--{m.replace('_', '-')}" for m in MODES if getattr(args, m)]
+    if len(modes) > 1:
+        raise UsageError(f"{' and '.join(modes)} are separate modes: give one at a time")
+    if args.report:
+        report(args.report)
+        return 0
+    if args.convert:
+        convert(args.convert)
+        return 0
+    inspect = next((flag for flag in ("analyze", "evaluate", "plot") if getattr(args, flag)), None)
+    if inspect and not args.out:
+        raise UsageError(f"--{inspect} needs --out DIR (or --resume DIR), a run directory with a checkpoint")
+    if args.analyze:
+        print(analyze(args.out, args.device, args.set))
+        return 0
+    if args.evaluate:
+        print(json.dumps(to_json(evaluate_checkpoint(args.out, args.device, args.set))))
+        return 0
+    if args.plot:
+        plot(args.out, args.device, args.example, args.task, args.model, args.set, args.plot_dir)
+        return 0
+    if args.example:
+        raise UsageError("--example goes with --plot")
+    saved = {}
+    if args.resume and args.out and (args.task is None or args.model is None):
+        # `--resume --out DIR` alone continues the run saved there: task, model, preset and every
+        # setting come from its checkpoint; flags given now (e.g. --steps) still apply on top.
+        saved = resume_settings(args.out, args.task, args.model, args.preset)
+        args.task, args.model, args.preset = saved.pop("task"), saved.pop("model"), saved.pop("preset")
+    args.task = "ctl" if args.task is None else args.task
+    args.model, args.preset = args.model or "ndr", args.preset or "cpu"
+    recipe_for(args.task)
+    if args.device not in ("cpu", "gpu"):
+        raise UsageError(f"unknown device {args.device!r}; valid devices: cpu, gpu")
+    overrides = _parse_settings(args.set, args.task, args.model)
+    flags = dict(seed=args.seed, device=args.device, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                 eval_every=args.eval_every, searches=args.searches, retrievals=args.retrievals,
+                 ood=args.ood or None, split=args.split, train_size=args.train_size)
+    defaults = parse_args([])
+    for key, value in overrides.items():   # --set lr=… is the same as --lr …; both at once must agree
+        given = flags.get(key)
+        if given is not None and given != getattr(defaults, key, None) and given != value:
+            raise UsageError(f"--set {key}={value} contradicts --{key.replace('_', '-')} {given}")
+        flags[key] = value
+    for key, value in saved.items():       # what was not given now keeps the checkpoint's value
+        if key not in overrides and flags.get(key) in (None, getattr(defaults, key, None)):
+            flags[key] = value
+    args.seed = flags["seed"]
+    cfg = make_config(args.task, args.model, args.preset, **flags)
+    if args.resume:   # the run's own step budget and evaluation interval (train() reads them) unless given
+        cfg.steps, cfg.eval_every = flags["steps"], flags["eval_every"]
+    # the data options are part of the default name, so runs at different sizes or splits don't collide
+    task_name = "-".join([args.task] + [f"{tag}{value}" for tag, value in (
+        ("", args.split), ("n", args.train_size), ("S", args.searches), ("R", args.retrievals)) if value]
+        + ["ood"] * bool(args.ood))
+    out = args.out or os.path.join("runs", f"{task_name}-{args.model}-{args.preset}-s{args.seed}")
+    if args.show_config:   # resolved as training would (a recipe may count steps in epochs), then compared
+        if args.resume:    # as the resume would run it, or refused as it would be
+            resume_check(cfg, out)
+        preset = make_config(args.task, args.model, args.preset, split=flags["split"])
+        print(show_config(recipe_for(args.task)(cfg).cfg, recipe_for(args.task)(preset).cfg))
+        return 0
+    where["out"] = out
+    results = train(cfg, out, resume=args.resume, progress=not args.no_progress)
     print(summary(results, out))
     return 0
 
@@ -512,8 +534,4 @@ def summary(results, out):
 
 if __name__ == "__main__":
     backend.keep_freed_memory()  # ~10% faster steps here; see its docstring
-    try:
-        sys.exit(main())
-    except BrokenPipeError:   # `train.py --report runs/* | head`: the reader left; not an error of ours
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(0)
+    sys.exit(main())
