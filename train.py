@@ -337,14 +337,16 @@ def plot(out_dir, device="cpu", texts=(), task=None, model=None, settings=(), pl
     if any(not t.strip() for t in texts):
         raise UsageError("--example is empty: give the input to draw, e.g. --example '101 d a b'")
     default_dir, plot_dir = plot_dir is None, plot_dir or os.path.join(out_dir, "plots")
-    if os.path.islink(plot_dir) or os.path.exists(plot_dir) and not os.path.isdir(plot_dir):
+    if default_dir and os.path.islink(plot_dir) or os.path.exists(plot_dir) and not os.path.isdir(plot_dir):
         raise UsageError(f"{plot_dir} is a link or a file, not a directory for the pictures (choose --plot-dir)")
     recipe, net, _ = _load_run(out_dir, device, settings)
     for flag, given, saved in (("--task", task, recipe.cfg.task), ("--model", model, recipe.cfg.model)):
         if given is not None and given != saved:
             raise UsageError(f"{out_dir} holds a {recipe.cfg.task} / {recipe.cfg.model} checkpoint, not {flag} {given}")
     pictures = recipe.plot_examples(net, list(texts))
-    if default_dir and viz.have_matplotlib() and not os.access(plot_dir if os.path.isdir(plot_dir) else out_dir, os.W_OK):
+    target = plot_dir if os.path.isdir(plot_dir) else out_dir
+    if default_dir and viz.have_matplotlib() and (not os.access(target, os.W_OK)
+                                                  or os.statvfs(target).f_flag & os.ST_RDONLY):
         raise UsageError(f"cannot write the pictures into {plot_dir} (read-only): choose --plot-dir DIR")
     paths = viz.write_pictures(pictures, plot_dir)
     for path in paths:

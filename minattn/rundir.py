@@ -360,9 +360,6 @@ def saved_settings(ckpt, path):
     against its setting's type and the whole against the checkpoint's identity: a mistyped or edited configuration
     is refused here rather than failing later."""
     config = ckpt["config"]
-    rest = {k: v for k, v in config.items() if k not in ("steps", "device", "eval_every", "eval_batch_size")}
-    if json.loads(json.dumps(rest)) != ckpt["identity"]:
-        raise Corrupted(f"checkpoint {path} is corrupted (its config and identity disagree)")
     types = setting_types(config["task"], config["model"])
     flat = {**config["model_config"], **{k: v for k, v in config.items() if k != "model_config"}}
     ok = {int: _int, float: _number, bool: lambda v: isinstance(v, bool), str: lambda v: isinstance(v, str)}
@@ -373,6 +370,9 @@ def saved_settings(ckpt, path):
         if kind is not None and value is not None and not ok[kind](value):
             what = {int: "an integer", float: "a number", bool: "true or false", str: "text"}[kind]
             raise Corrupted(f"checkpoint {path} is corrupted (config.{key}: expected {what}, got {value!r:.40})")
+    rest = {k: v for k, v in config.items() if k not in ("steps", "device", "eval_every", "eval_batch_size")}
+    if json.loads(json.dumps(rest)) != ckpt["identity"]:
+        raise Corrupted(f"checkpoint {path} is corrupted (its config and identity disagree)")
     return flat
 
 
