@@ -225,10 +225,11 @@ def _read_npz(path, only=None):
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise UsageError(f"no checkpoint at {path} to resume from") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise UsageError(f"checkpoint {path} is not a regular file")
     with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise UsageError(f"checkpoint {path} is not a regular file")
         try:
             with zipfile.ZipFile(f) as z:
                 infos = z.infolist()
@@ -370,6 +371,9 @@ def saved_settings(ckpt, path):
         if kind is not None and value is not None and not ok[kind](value):
             what = {int: "an integer", float: "a number", bool: "true or false", str: "text"}[kind]
             raise Corrupted(f"checkpoint {path} is corrupted (config.{key}: expected {what}, got {value!r:.40})")
+    for key in ("steps", "batch_size", "lr", "eval_every", "eval_batch_size"):   # as make_config has them: > 0
+        if flat.get(key) is not None and not flat[key] > 0:
+            raise Corrupted(f"checkpoint {path} is corrupted (config.{key}: {flat[key]}, not positive)")
     rest = {k: v for k, v in config.items() if k not in ("steps", "device", "eval_every", "eval_batch_size")}
     if json.loads(json.dumps(rest)) != ckpt["identity"]:
         raise Corrupted(f"checkpoint {path} is corrupted (its config and identity disagree)")
