@@ -28,8 +28,14 @@ import dataclasses
 import json
 import math
 import os
+import signal
 import sys
 import time
+
+if __name__ == "__main__":   # a signal while the imports below run (before main() handles it): stop quietly
+    for _sig, _code in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
+        signal.signal(_sig, lambda signum, frame, code=_code: (print("interrupted" if code == 130 else "terminated",
+                                                                      file=sys.stderr), os._exit(code)))
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before NumPy loads BLAS; see README "Speed"
 
