@@ -28,6 +28,7 @@ import dataclasses
 import json
 import math
 import os
+import shlex
 import signal
 import sys
 import time
@@ -45,7 +46,7 @@ from tqdm import tqdm  # noqa: E402
 from minattn import backend, optim, viz  # noqa: E402
 from minattn.recipes import RECIPES, RunConfig, UsageError, recipe_for  # noqa: E402
 from minattn.rundir import (CHECKPOINT, Terminated, append_line, convert, handling_signals,  # noqa: E402
-                            identity, load_checkpoint, locked, repair_log, report, resume_check, resume_settings,
+                            identity, load_checkpoint, locked, missing_top, remove_empty, repair_log, report, resume_check, resume_settings,
                             save_checkpoint, saved_settings, setting_types, to_json, write_atomic)
 
 
@@ -81,6 +82,8 @@ def make_config(task, model, preset="cpu", **overrides):
         value = getattr(cfg, key)
         if value is not None and not value > 0:                                  # None: set from epochs later
             raise UsageError(f"{key} must be positive, got {value}")
+    if cfg.seed < 0:
+        raise UsageError(f"--seed must be ≥ 0, got {cfg.seed}")
     for key in ("weight_decay", "grad_clip"):                                    # 0 switches them off
         value = getattr(cfg, key)
         if value < 0:
@@ -159,7 +162,7 @@ def train(cfg, out_dir, resume=False, progress=True):
     """Run (or continue) training as configured, holding the run directory's lock; returns the results dict
     written to results.json. On ``resume``, ``cfg.steps`` and ``cfg.eval_every`` None mean the run's own."""
     backend.get_xp(cfg.device)  # a missing GPU fails here, before any work
-    created = not os.path.exists(out_dir)
+    created = missing_top(out_dir)   # the first directory of out_dir this run creates (e.g. runs/), if any
     with locked(out_dir):
         try:
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):   # the divergence guard says it once
@@ -167,7 +170,7 @@ def train(cfg, out_dir, resume=False, progress=True):
         except (UsageError, MemoryError):   # refused before anything was written: leave no empty directory behind
             if created and os.listdir(out_dir) == ["lock"]:
                 os.remove(os.path.join(out_dir, "lock"))
-                os.rmdir(out_dir)
+                remove_empty(out_dir, created)
             raise
 
 
@@ -537,7 +540,7 @@ def summary(results, out):
                "(the last evaluation: the task has no split to select by)\n") +
             f"results: {os.path.join(out, 'results.json')}, learning curve: {os.path.join(out, 'metrics.jsonl')}, "
             f"checkpoint: {os.path.join(out, CHECKPOINT)}\n"
-            f"pictures: python train.py --plot --out {out}")
+            f"pictures: python train.py --plot --out {shlex.quote(out)}")
 
 
 if __name__ == "__main__":

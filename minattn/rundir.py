@@ -124,6 +124,25 @@ def sweep_temporary_files(out_dir):
     return removed
 
 
+def missing_top(path):
+    """The outermost directory of ``path`` (itself included) that does not exist yet, or None."""
+    top, path = None, os.path.abspath(path)
+    while not os.path.exists(path):
+        top, path = path, os.path.dirname(path)
+    return top
+
+
+def remove_empty(path, top):
+    """Remove ``path`` and its parents up to ``top`` while they are empty (what a refused start created)."""
+    path = os.path.abspath(path)
+    with contextlib.suppress(OSError):
+        while True:
+            os.rmdir(path)
+            if path == top:
+                break
+            path = os.path.dirname(path)
+
+
 @contextlib.contextmanager
 def locked(out_dir):
     """Hold an exclusive lock on the run directory (created if needed) while the block runs: a second
@@ -166,9 +185,11 @@ def write_atomic(path, write, mode="w"):
                 write(f)
                 f.flush()
                 os.fsync(f.fileno())
-        except BaseException:
+        except BaseException as e:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
+            if isinstance(e, OSError) and e.filename is None:   # a full disk: say which file did not fit
+                raise OSError(e.errno, e.strerror, path) from None
             raise
         os.replace(tmp, path)
         dir_fd = os.open(d, os.O_RDONLY)

@@ -345,6 +345,28 @@ def test_huge_sizes_are_one_line_and_leave_nothing_behind(tmp_path, capsys):
     assert "not enough memory" in err and "Unable to allocate" in err and not out.exists()
 
 
+def test_a_refused_start_leaves_no_directory_it_created(tmp_path, capsys):
+    out = tmp_path / "a" / "b" / "run"
+    for bad in (["--set", "n_head=3"], ["--seed", "-1"]):
+        code, err = run(TINY + ["--steps", "1", "--out", str(out)] + bad, capsys)
+        one_line_error(code, err)
+        assert not (tmp_path / "a").exists()
+    assert "--seed must be ≥ 0, got -1" in err
+
+
+def test_a_full_disk_names_the_file_and_the_hint_is_shell_quoted(tmp_path, capsys, monkeypatch):
+    out = str(tmp_path / "my run")
+    assert train.main(TINY + ["--steps", "2", "--out", out]) == 0
+    assert f"pictures: python train.py --plot --out '{out}'" in capsys.readouterr().out
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(train.np, "savez", full)
+    code, err = run(TINY + ["--steps", "4", "--out", out, "--resume"], capsys)
+    assert code == 2 and len(err.splitlines()) == 2 and err.startswith("resuming "), err
+    assert err.splitlines()[-1] == f"error: No space left on device: {os.path.join(out, 'checkpoint.npz')}"
+
+
 def test_plot_of_a_read_only_run_can_write_elsewhere(fresh, tmp_path, capsys, monkeypatch):
     written = []
     monkeypatch.setattr(viz, "have_matplotlib", lambda: True)
