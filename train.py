@@ -46,6 +46,7 @@ from tqdm import tqdm  # noqa: E402
 from minattn import backend, optim, viz  # noqa: E402
 from minattn.recipes import RECIPES, RunConfig, UsageError, recipe_for  # noqa: E402
 from minattn.rundir import (CHECKPOINT, Terminated, append_line, convert, handling_signals,  # noqa: E402
+                            running_sums, stop_at_step_end, terminated, writable,
                             identity, load_checkpoint, locked, missing_top, remove_empty, repair_log, report, resume_check, resume_settings,
                             save_checkpoint, saved_settings, setting_types, to_json, write_atomic)
 
@@ -207,18 +208,19 @@ def _train(cfg, out_dir, resume, progress):
         next(stream)
     run_rng = backend.RNG(cfg.seed, cfg.device)
 
-    def checkpoint():
+    def checkpoint(running=None):   # running: the sums of an evaluation interval in progress (SIGTERM)
         save_checkpoint(ckpt_path, {"identity": identity(cfg), "config": dataclasses.asdict(cfg), "step": step,
                                     "best": best, "train_time": train_time, "history": history},
-                        model.state_dict(), opt.state_dict(), selected)
+                        model.state_dict(), opt.state_dict(), selected, running)
 
     print(f"{'resuming' if step else 'training'} {cfg.task} / {cfg.model} ({cfg.preset} preset, seed {cfg.seed}) on "
           f"{cfg.device} in {out_dir}: step {step} of {cfg.steps}, batch {cfg.batch_size}, lr {cfg.lr:g}, an "
           f"evaluation every {cfg.eval_every} steps", file=sys.stderr)
     bar = tqdm(total=cfg.steps, initial=step, disable=not progress, desc=f"{cfg.task}/{cfg.model}", unit="step")
-    start_step, loss_sum, norm_sum, stats, seen, n_batches = step, 0.0, 0.0, {}, 0, 0
+    start_step, (loss_sum, norm_sum, stats, seen, n_batches) = step, running_sums(ckpt if resume else {}, cfg.device)
     diverged = None
     model.train()
+    stop_at_step_end(True)                    # SIGTERM from now on: the loop below saves its step, then stops
     while step < cfg.steps and not recipe.stop_early(step, history):
         t0 = time.perf_counter()
         batch = next(stream)
@@ -266,6 +268,10 @@ def _train(cfg, out_dir, resume, progress):
             loss_sum, norm_sum, stats, seen, n_batches = 0.0, 0.0, {}, 0, 0
             checkpoint()
             bar.unpause()                     # rate and ETA count training, not evaluation and checkpoint
+        if terminated():                      # SIGTERM: save this step (with the interval's sums), then exit 143
+            checkpoint((loss_sum, norm_sum, stats, seen, n_batches)) if n_batches else None
+            raise Terminated
+    stop_at_step_end(False)                   # (a SIGTERM after the last step stops the run here)
     bar.close()
 
     final = next((h for h in reversed(history) if h["train_loss"] is not None), {})   # not a diverged one
@@ -353,9 +359,7 @@ def plot(out_dir, device="cpu", texts=(), task=None, model=None, settings=(), pl
         if given is not None and given != saved:
             raise UsageError(f"{out_dir} holds a {recipe.cfg.task} / {recipe.cfg.model} checkpoint, not {flag} {given}")
     pictures = recipe.plot_examples(net, list(texts))
-    target = plot_dir if os.path.isdir(plot_dir) else out_dir
-    if default_dir and viz.have_matplotlib() and (not os.access(target, os.W_OK)
-                                                  or os.statvfs(target).f_flag & os.ST_RDONLY):
+    if default_dir and viz.have_matplotlib() and not writable(plot_dir if os.path.isdir(plot_dir) else out_dir):
         raise UsageError(f"cannot write the pictures into {plot_dir} (read-only): choose --plot-dir DIR")
     paths = viz.write_pictures(pictures, plot_dir)
     for path in paths:
@@ -454,15 +458,13 @@ def main(argv=None):
 
 def _main(args, where):
     """main() without its error handling; ``where["out"]``: the run directory, once training starts."""
-    if args.resume == "":
-        raise UsageError("--resume is empty: give the run directory")
+    for flag in ("task", "model", "preset", "split", "out", "plot_dir", "resume"):
+        if getattr(args, flag) == "":
+            raise UsageError(f"--{flag.replace('_', '-')} is empty")
     if isinstance(args.resume, str):  # --resume DIR: the run directory, as --out DIR
         if args.out and args.out != args.resume:
             raise UsageError(f"--resume {args.resume} and --out {args.out} name different run directories")
         args.out, args.resume = args.resume, True
-    for flag in ("task", "model", "preset", "split", "out", "plot_dir"):
-        if getattr(args, flag) == "":
-            raise UsageError(f"--{flag.replace('_', '-')} is empty")
     modes = [f"--{m.replace('_', '-')}" for m in MODES if getattr(args, m)]
     if len(modes) > 1:
         raise UsageError(f"{' and '.join(modes)} are separate modes: give one at a time")

@@ -4,6 +4,12 @@ report of finished runs (``train.py --report``).
 
 A run directory holds: lock (its writer's pid), checkpoint.npz, metrics.jsonl (one line per evaluation,
 appended) and, at the end, results.json. Every file but the log is replaced whole, atomically.
+
+Nothing in a run directory is trusted, as it may be shared: minattn writes there only regular files and never
+through a symbolic link (O_NOFOLLOW, or a rename over the link), reads a checkpoint only after bounding what it
+declares and checking every field, and skips in ``--report`` what it cannot read. Ctrl-C and SIGTERM take
+effect after the write in progress (SIGTERM in training: after saving its step), so a stopped run leaves whole
+files; the temporary files of a ``kill -9`` are swept by the next writer.
 """
 import contextlib
 import dataclasses
@@ -19,6 +25,7 @@ import zipfile
 
 import numpy as np
 
+from . import backend
 from .recipes import RunConfig, UsageError, recipe_for
 
 CHECKPOINT_VERSION = 2   # 1: checkpoint.pkl (pickle), read only by --convert
@@ -30,7 +37,7 @@ class Terminated(BaseException):
     """SIGTERM (``kill``, ``docker stop``, a scheduler's preemption): handled like Ctrl-C, exit code 143."""
 
 
-_signals = {"deferring": 0, "pending": None}
+_signals = {"deferring": 0, "pending": None, "at_step_end": False, "terminated": False}
 
 
 def _raise_for(signum):
@@ -38,6 +45,9 @@ def _raise_for(signum):
 
 
 def _on_signal(signum, frame):
+    if signum == signal.SIGTERM and _signals["at_step_end"]:   # the training loop saves its step, then stops
+        _signals["terminated"] = True
+        return
     if _signals["deferring"]:          # inside a write: finish it first (see deferring_signals)
         _signals["pending"] = _signals["pending"] or signum
         return
@@ -48,6 +58,7 @@ def _on_signal(signum, frame):
 def handling_signals():
     """While the block runs (in the main thread), SIGINT raises KeyboardInterrupt and SIGTERM ``Terminated``,
     both deferred to the end of any write in progress, so a stopped run leaves whole files and no temp file."""
+    _signals.update(pending=None, at_step_end=False, terminated=False)
     try:
         old = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     except ValueError:                 # not the main thread: signals are not ours to handle
@@ -57,7 +68,26 @@ def handling_signals():
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
-        _signals["pending"] = None
+        _signals.update(pending=None, at_step_end=False, terminated=False)
+
+
+def stop_at_step_end(on):
+    """On: SIGTERM waits for the end of the training step (``terminated()`` then says so, and the loop saves that
+    step before it raises ``Terminated``): a preempted run loses no step. Off: a SIGTERM still pending stops
+    the run here."""
+    _signals["at_step_end"] = on
+    if not on and _signals["terminated"]:
+        _signals["terminated"] = False
+        raise Terminated
+
+
+def terminated():
+    return _signals["terminated"]
+
+
+def writable(path):
+    """Whether files can be created in the directory ``path`` (permissions, and not a read-only file system)."""
+    return os.access(path, os.W_OK) and not os.statvfs(path).f_flag & os.ST_RDONLY
 
 
 @contextlib.contextmanager
@@ -219,18 +249,36 @@ CHECKPOINT_METADATA = ("version", "identity", "config", "step", "best", "train_t
                        "parameters")
 
 
-def save_checkpoint(path, metadata, params, opt_state, selected=None):
+def save_checkpoint(path, metadata, params, opt_state, selected=None, running=None):
     """``params``, ``selected``: {name: array} in the model's parameter order; ``opt_state``: the optimizer's
     state_dict, whose per-parameter state is stored under the parameter's name (the names without state, which
-    never had a gradient, are listed in the metadata, so a checkpoint stripped of its state is told apart)."""
+    never had a gradient, are listed in the metadata, so a checkpoint stripped of its state is told apart).
+    ``running``: (loss sum, gradient-norm sum, {stat: sum}, samples, batches) of an evaluation interval in
+    progress (a checkpoint between evaluations, on SIGTERM), stored exactly so that a resume logs what an
+    uninterrupted run logs."""
     arrays = {f"model/{k}": v for k, v in params.items()}
     arrays.update({f"selected/{k}": v for k, v in (selected or {}).items()})
     arrays.update({f"optimizer/{name}/{k}": v for name, s in zip(params, opt_state["state"]) for k, v in s.items()})
     stateless = [name for name, s in zip(params, opt_state["state"]) if not s]
     meta = dict(metadata, version=CHECKPOINT_VERSION, parameters=list(params),
                 optimizer={"t": opt_state["t"], "lr": opt_state["lr"], "without_state": stateless})
+    if running:
+        loss_sum, norm_sum, stats, seen, n_batches = running
+        sums = {"loss_sum": loss_sum, "norm_sum": norm_sum, **{f"stats/{k}": v for k, v in stats.items()}}
+        arrays.update({f"running/{k}": np.asarray(backend.to_numpy(v)) for k, v in sums.items()})
+        meta["running"] = {"seen": seen, "n_batches": n_batches, "stats": list(stats)}
     arrays["metadata"] = np.array(json.dumps(to_json(meta), allow_nan=False))
     write_atomic(path, lambda f: np.savez(f, **arrays), mode="wb")
+
+
+def running_sums(ckpt, device):
+    """(loss sum, gradient-norm sum, {stat: sum}, samples, batches) of the evaluation interval a checkpoint
+    stopped in, on ``device``; zeros for a checkpoint taken at an evaluation (or none)."""
+    r = ckpt.get("running")
+    if not r:
+        return 0.0, 0.0, {}, 0, 0
+    sums = {k: backend.to_device(v, device) for k, v in ckpt["running_sums"].items()}
+    return sums["loss_sum"], sums["norm_sum"], {k: sums[f"stats/{k}"] for k in r["stats"]}, r["seen"], r["n_batches"]
 
 
 class Corrupted(UsageError):
@@ -333,6 +381,14 @@ def load_checkpoint(path):
         if not ok(ckpt[key]):
             raise Corrupted(f"checkpoint {path} is corrupted ({key}: expected {what})")
     names = ckpt.pop("parameters")
+    running = {k.split("/", 1)[1]: arrays.pop(k) for k in [k for k in arrays if k.startswith("running/")]}
+    r = ckpt.get("running")
+    if r is not None and not (isinstance(r, dict) and _int(r.get("seen")) and _int(r.get("n_batches"))
+                              and r["n_batches"] > 0 and isinstance(r.get("stats"), list)
+                              and set(running) == {"loss_sum", "norm_sum", *(f"stats/{k}" for k in r["stats"])}
+                              and all(v.ndim == 0 and v.dtype.kind in "fiu" and np.isfinite(v) for v in running.values())) \
+            or running and r is None:
+        raise Corrupted(f"checkpoint {path} is corrupted (running: expected the sums of the interval in progress)")
     for k, v in arrays.items():
         kind, _, name = k.partition("/")
         owner = name.rpartition("/")[0] if kind == "optimizer" else name
@@ -347,7 +403,7 @@ def load_checkpoint(path):
     state = [{k.rpartition("/")[2]: v for k, v in part["optimizer"].items() if k.rpartition("/")[0] == name}
              for name in names]
     return dict(ckpt, model=part["model"], selected=part["selected"] or None,
-                optimizer=dict(ckpt["optimizer"], state=state), parameters=names)
+                optimizer=dict(ckpt["optimizer"], state=state), parameters=names, running_sums=running)
 
 
 def check_resumable(ckpt, path):
