@@ -296,6 +296,12 @@ def _crafted(marker):
             lambda p: open(os.path.join(os.path.dirname(p), "checkpoint.pkl"), "wb").write(
                 pickle.dumps({"version": 1, "payload": Payload(marker)}))),
         "optimizer state stripped": strip_optimizer,
+        "running sums without their metadata": (lambda p: _save(p, dict(_members(p), **{
+            "running/loss_sum": np.float32(1), "running/norm_sum": np.float32(1)}))),
+        "running metadata without its sums": setter("running", {"seen": 3, "n_batches": 1, "stats": []}),
+        "a running sum that is not finite": (lambda p: _save(p, dict(_members(p), **{
+            "running/loss_sum": np.float32(np.nan), "running/norm_sum": np.float32(1)}),
+            dict(json.loads(_members(p)["metadata"].item()), running={"seen": 3, "n_batches": 1, "stats": []}))),
     }
     return cases
 
