@@ -45,10 +45,10 @@ from tqdm import tqdm  # noqa: E402
 
 from minattn import backend, optim, viz  # noqa: E402
 from minattn.recipes import RECIPES, RunConfig, UsageError, recipe_for  # noqa: E402
-from minattn.rundir import (CHECKPOINT, Terminated, append_line, convert, handling_signals,  # noqa: E402
-                            running_sums, stop_at_step_end, terminated, writable,
-                            identity, load_checkpoint, locked, missing_top, remove_empty, repair_log, report, resume_check, resume_settings,
-                            save_checkpoint, saved_settings, setting_types, to_json, write_atomic)
+from minattn.rundir import (CHECKPOINT, Terminated, append_line, convert, handling_signals, identity,  # noqa: E402
+                            load_checkpoint, locked, missing_top, remove_empty, repair_log, report, resume_check,
+                            resume_settings, running_sums, save_checkpoint, saved_settings, setting_types,
+                            stop_at_step_end, terminated, to_json, writable, write_atomic)
 
 
 class Diverged(Exception):

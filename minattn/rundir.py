@@ -382,12 +382,12 @@ def load_checkpoint(path):
             raise Corrupted(f"checkpoint {path} is corrupted ({key}: expected {what})")
     names = ckpt.pop("parameters")
     running = {k.split("/", 1)[1]: arrays.pop(k) for k in [k for k in arrays if k.startswith("running/")]}
-    r = ckpt.get("running")
-    if r is not None and not (isinstance(r, dict) and _int(r.get("seen")) and _int(r.get("n_batches"))
-                              and r["n_batches"] > 0 and isinstance(r.get("stats"), list)
-                              and set(running) == {"loss_sum", "norm_sum", *(f"stats/{k}" for k in r["stats"])}
-                              and all(v.ndim == 0 and v.dtype.kind in "fiu" and np.isfinite(v) for v in running.values())) \
-            or running and r is None:
+    r = ckpt.get("running")   # the sums of an evaluation interval in progress (a checkpoint on SIGTERM)
+    whole = isinstance(r, dict) and _int(r.get("seen")) and _int(r.get("n_batches")) and r["n_batches"] > 0 \
+        and isinstance(r.get("stats"), list) and set(running) == {"loss_sum", "norm_sum", *(f"stats/{k}" for k in
+                                                                                           r["stats"])} \
+        and all(v.ndim == 0 and v.dtype.kind in "fiu" and np.isfinite(v) for v in running.values())
+    if (r is not None or running) and not whole:
         raise Corrupted(f"checkpoint {path} is corrupted (running: expected the sums of the interval in progress)")
     for k, v in arrays.items():
         kind, _, name = k.partition("/")
@@ -722,8 +722,9 @@ def _size_curves(runs):
     for key, curve in rows.items():
         for size, cell in curve.items():
             if len({steps for steps, _ in cell}) > 1:
+                counts = sorted({steps for steps, _ in cell}, key=str)
                 warnings.append(f"warning: the learning curve of {json.loads(key)['model']} averages runs of {size} "
-                                f"examples with different step counts ({sorted({steps for steps, _ in cell}, key=str)})")
+                                f"examples with different step counts ({counts})")
             curve[size] = [test for _, test in cell]
     rows = [(json.loads(k), curve) for k, curve in rows.items()]
     if all(len(curve) < 2 for _, curve in rows):   # no run spans sizes: the tables above say it all

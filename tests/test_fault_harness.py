@@ -256,10 +256,10 @@ def _crafted(marker):
         "metadata not JSON": meta_edit(lambda m: "{not json"),
         "metadata a list": meta_edit(lambda m: [1, 2]),
         "version 1": setter("version", 1), "version '2'": setter("version", "2"),
-        "unknown task ../../evil": meta_edit(lambda m: [d.update(task="../../evil") for d in (m["config"], m["identity"])]
-                                             and None),
-        "unknown model os.system": meta_edit(lambda m: [d.update(model="os.system") for d in (m["config"], m["identity"])]
-                                             and None),
+        "unknown task ../../evil": meta_edit(lambda m: [d.update(task="../../evil")
+                                                        for d in (m["config"], m["identity"])] and None),
+        "unknown model os.system": meta_edit(lambda m: [d.update(model="os.system")
+                                                        for d in (m["config"], m["identity"])] and None),
         "an extra config field": setter("config.evil", 1),
         "steps -5": setter("config.steps", -5), "eval_every 0": setter("config.eval_every", 0),
         "config.lr a string": setter("config.lr", "fast"), "model_config a list": setter("config.model_config", [1]),
@@ -287,7 +287,8 @@ def _crafted(marker):
         "inf weights": array_edit(lambda a, k: a.update({k: np.full_like(a[k], np.inf)})),
         "a NaN optimizer moment": (lambda p: _save(p, {k: (np.full_like(v, np.nan) if k.startswith("optimizer/") else v)
                                                        for k, v in _members(p).items()})),
-        "a declared shape of 10^12": huge_header((10 ** 12,)), "a declared shape of (2^62, 4)": huge_header((2 ** 62, 4)),
+        "a declared shape of 10^12": huge_header((10 ** 12,)),
+        "a declared shape of (2^62, 4)": huge_header((2 ** 62, 4)),
         "a zip bomb": zip_bomb,
         "a directory": replace_file(os.mkdir), "a FIFO": replace_file(os.mkfifo),
         "a link to /dev/zero": replace_file(lambda p: os.symlink("/dev/zero", p)),
@@ -341,5 +342,6 @@ def test_crafted_checkpoints_are_refused_in_one_line_in_every_mode(tmp_path, cap
             assert "checkpoint" in err or "unknown" in err or "memory" in err, (name, mode, err)   # says what
             refused += 1
     print(f"\ncrafted checkpoints: {len(cases)} cases x {len(MODES)} modes = {n} runs, {refused} refused in one line "
-          f"with exit 2, {n - refused} read the weights only (optimizer state stripped: --evaluate, --plot, --analyze), "
+          f"with exit 2, {n - refused} read the weights only (optimizer state stripped: --evaluate, --plot, "
+          f"--analyze), "
           f"no code run, in {time.time() - t0:.0f} s")

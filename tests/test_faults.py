@@ -66,7 +66,8 @@ def test_a_symlinked_lock_or_log_is_refused_and_its_target_untouched(name, fresh
     os.symlink(victim, os.path.join(fresh, name))
     if name == "metrics.jsonl":   # the log is checked against the checkpoint first: make it agree, then append
         shutil.copy(os.path.join(fresh, "checkpoint.npz"), tmp_path / "ckpt")
-        victim.write_text("".join(json.dumps(h) + "\n" for h in train.load_checkpoint(str(tmp_path / "ckpt"))["history"]))
+        history = train.load_checkpoint(str(tmp_path / "ckpt"))["history"]
+        victim.write_text("".join(json.dumps(h) + "\n" for h in history))
     before = victim.read_text()
     code, err = run(TINY + ["--steps", "4", "--out", fresh, "--resume"], capsys)
     assert code == 2 and "symbolic link" in err and "Traceback" not in err, err
@@ -184,8 +185,8 @@ def test_sigterm_saves_the_step_it_came_in_and_the_resume_is_exact(tmp_path, cap
     assert a["step"] == b["step"] == 8 and not b["running_sums"]
     for k in a["model"]:
         np.testing.assert_array_equal(a["model"][k], b["model"][k])
-    logs = [[{k: v for k, v in json.loads(line).items() if k != "wall_s"} for line in open(os.path.join(d, "metrics.jsonl"))]
-            for d in (straight, stopped)]
+    logs = [[{k: v for k, v in json.loads(line).items() if k != "wall_s"}
+             for line in open(os.path.join(d, "metrics.jsonl"))] for d in (straight, stopped)]
     assert logs[0] == logs[1] and [e["step"] for e in logs[1]] == [4, 8]   # train_loss of 5-8 as if never stopped
 
 
@@ -245,7 +246,8 @@ CRAFTED = {   # name: (edit of the metadata, edit of the arrays, what the one li
 def test_a_crafted_checkpoint_is_one_line(case, mode, fresh, capsys):
     edit_meta, edit_arrays, message = CRAFTED[case]
     _rewrite(os.path.join(fresh, "checkpoint.npz"), edit_arrays, edit_meta)
-    argv = ["--resume", fresh, "--steps", "4", "--no-progress"] if mode == "--resume" else ["--evaluate", "--out", fresh]
+    argv = (["--resume", fresh, "--steps", "4", "--no-progress"] if mode == "--resume"
+            else ["--evaluate", "--out", fresh])
     code, err = run(argv, capsys)
     one_line_error(code, err)
     assert message in err
