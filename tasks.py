@@ -62,7 +62,7 @@ def _task(args):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description="Generate, inspect and export the minattn tasks.")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     for cmd, text in [("export", "write every split of a task as text, one example per line"),
                       ("stats", "print split sizes, lengths and depths")]:

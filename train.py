@@ -93,7 +93,7 @@ def make_config(task, model, preset="cpu", **overrides):
 
 
 def _run_fields():
-    return [f.name for f in dataclasses.fields(RunConfig) if f.name != "model_config"]
+    return [f.name for f in dataclasses.fields(RunConfig) if f.name not in ("model_config", "task", "model", "preset")]
 
 
 def _bool(text):
@@ -413,8 +413,8 @@ def parse_args(argv=None):
                     help="--plot this input instead of a fixed sample of test examples (repeatable): the task's text, "
                     "e.g. ctl '101 d a b', lookup '100 t3 t1 .', scan 'jump twice'; object indices for sort, "
                     "pairwise, set")
-    ap.add_argument("--train-size", type=int, help="sort, pairwise, set: training samples drawn from the train "
-                    "pool (default: sort 500, pairwise 2015, set 2000)")
+    ap.add_argument("--train-size", type=int, help="sort, pairwise, set, mlu: training samples drawn from the "
+                    "train pool (default: sort 500, pairwise 2015, set 2000, mlu 200000)")
     ap.add_argument("--searches", type=int, help="retrieval: ground-truth searches S (default 2)")
     ap.add_argument("--retrievals", type=int, help="retrieval: ground-truth retrievals R (default 4)")
     ap.add_argument("--ood", action="store_true", help="retrieval: train on 80%% of the combinations of retrieval "
