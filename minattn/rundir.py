@@ -125,6 +125,16 @@ def open_in_run(path, flags, mode=0o644):
     return fd
 
 
+def open_regular(path, mode="r"):
+    """open(path) for reading a file of a run directory, refusing anything but a regular file (OSError): a FIFO
+    would block the reader, a device never end."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", path)
+    return os.fdopen(fd, mode)
+
+
 def append_line(path, line):
     """Append one line to a file of the run directory (the metrics log) in one write."""
     with deferring_signals():
@@ -530,7 +540,7 @@ def read_log(path):
     """The entries of a metrics log, skipping lines that are not JSON objects with a step (a line torn by a
     kill, an edit)."""
     entries = []
-    with open(path) as f:
+    with open_regular(path) as f:
         for line in filter(str.strip, f):
             try:
                 entry = json.loads(line)
@@ -547,7 +557,7 @@ def repair_log(path, history, step):
     those are dropped with a warning (a missing log is rewritten from the checkpoint)."""
     lines = [json.dumps(h, allow_nan=False) + "\n" for h in history]
     try:
-        with open(path) as f:
+        with open_regular(path) as f:
             old = f.readlines()
     except FileNotFoundError:
         old = []
@@ -570,7 +580,7 @@ def finished_run(d):
     """(results, learning curve, status) of the run in d: status is None for a finished run, else what marks
     its row ("diverged at step k", "unfinished: step k of n"); a UsageError says why d holds no run to show."""
     try:
-        with open(os.path.join(d, "results.json")) as f:
+        with open_regular(os.path.join(d, "results.json")) as f:
             r = json.load(f)
     except FileNotFoundError:
         return _unfinished_run(d)

@@ -262,6 +262,20 @@ def test_a_fifo_named_checkpoint_is_refused_without_hanging(fresh, capsys):
         assert "not a regular file" in err
 
 
+@pytest.mark.parametrize("name", ["metrics.jsonl", "results.json"])
+def test_a_fifo_log_or_results_is_refused_without_hanging(name, fresh, capsys):
+    path = os.path.join(fresh, name)
+    os.remove(path)
+    os.mkfifo(path)
+    assert train.main(["--report", fresh]) in (0, 2)                  # a warning, or the row without a curve
+    assert "Traceback" not in capsys.readouterr().err
+    code, err = run(["--resume", fresh, "--steps", "4", "--no-progress"], capsys)
+    if name == "metrics.jsonl":   # read on --resume: refused
+        assert code == 2 and err.splitlines()[-1] == f"error: not a regular file: {path}", err
+    else:                         # only written: replaced whole, as a link would be
+        assert code == 0 and os.path.isfile(path) and json.load(open(path))["steps"] == 4
+
+
 def test_a_zip_bomb_is_refused_before_it_is_inflated(fresh, capsys):
     path = os.path.join(fresh, "checkpoint.npz")
     arrays = _arrays(path)
