@@ -63,14 +63,15 @@ def _start(out, resume):
     return subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
-def _kill_at(p, out, mode, rng):
+def _kill_at(p, out, mode, rng, left=frozenset()):
     """Wait for the moment of ``mode`` (or for the process to end), then send the signal. Returns the signal
-    sent, or None when the run finished first."""
+    sent, or None when the run finished first. ``left``: temp files of earlier kills, not a write of this run."""
     log = os.path.join(out, "metrics.jsonl")
     size = os.path.getsize(log) if os.path.exists(log) else 0
     deadline = time.time() + (rng.uniform(0.3, 3.0) if mode == "random" else 30)
     while p.poll() is None and time.time() < deadline:
-        if mode == "write" and os.path.isdir(out) and any(n.startswith(".tmp-") for n in os.listdir(out)):
+        if mode == "write" and os.path.isdir(out) and any(n.startswith(".tmp-") and n not in left
+                                                          for n in os.listdir(out)):
             break
         if mode == "append" and os.path.exists(log) and os.path.getsize(log) > size:
             break
@@ -97,7 +98,7 @@ def test_kill_and_resume_at_random_moments_ends_bit_identical(tmp_path):
             left = set(n for n in os.listdir(out) if n.startswith(".tmp-")) if os.path.isdir(out) else set()
             p = _start(out, resume)
             mode = rng.choice(["random", "write", "write", "append"]) if kills < n_kills else "none"
-            sig = _kill_at(p, out, mode, rng) if mode != "none" else None
+            sig = _kill_at(p, out, mode, rng, left) if mode != "none" else None
             err = p.communicate(timeout=120)[1]
             assert "Traceback" not in err, err
             if sig is None:
@@ -105,7 +106,8 @@ def test_kill_and_resume_at_random_moments_ends_bit_identical(tmp_path):
                 break
             kills += 1
             by_mode[mode] = by_mode.get(mode, 0) + 1
-            if sig == signal.SIGKILL and p.returncode and any(n.startswith(".tmp-") for n in os.listdir(out)):
+            if sig == signal.SIGKILL and p.returncode and any(n.startswith(".tmp-") and n not in left
+                                                              for n in os.listdir(out)):
                 torn += 1   # killed inside a write: its temp file is left, for the next start to sweep
             by_signal[sig.name] = by_signal.get(sig.name, 0) + 1
             if sig == signal.SIGKILL or p.returncode == 0:   # a run may end between the check and the signal
