@@ -85,6 +85,8 @@ def make_config(task, model, preset="cpu", **overrides):
             raise UsageError(f"{key} must be positive, got {value}")
     if cfg.seed < 0:
         raise UsageError(f"--seed must be ≥ 0, got {cfg.seed}")
+    if max(cfg.batch_size or 0, cfg.eval_batch_size) > 2 ** 20:   # refused before gigabytes are allocated
+        raise UsageError(f"batch sizes above {2 ** 20:,} are refused (the presets' largest is 2,048)")
     for key in ("weight_decay", "grad_clip"):                                    # 0 switches them off
         value = getattr(cfg, key)
         if value < 0:
@@ -422,9 +424,6 @@ def parse_args(argv=None):
     return ap.parse_args(argv)
 
 
-MODES = ("report", "convert", "analyze", "evaluate", "plot", "show_config")   # each runs alone
-
-
 def main(argv=None):
     args, where = parse_args(argv), {"out": None}
     try:
@@ -465,7 +464,8 @@ def _main(args, where):
         if args.out and args.out != args.resume:
             raise UsageError(f"--resume {args.resume} and --out {args.out} name different run directories")
         args.out, args.resume = args.resume, True
-    modes = [f"--{m.replace('_', '-')}" for m in MODES if getattr(args, m)]
+    modes = [f"--{m.replace('_', '-')}" for m in ("report", "convert", "analyze", "evaluate", "plot", "show_config")
+             if getattr(args, m)]   # each runs alone
     if len(modes) > 1:
         raise UsageError(f"{' and '.join(modes)} are separate modes: give one at a time")
     if args.report:

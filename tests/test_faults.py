@@ -386,6 +386,9 @@ def test_huge_sizes_are_one_line_and_leave_nothing_behind(tmp_path, capsys):
                     capsys)
     one_line_error(code, err)
     assert "not enough memory" in err and "Unable to allocate" in err and not out.exists()
+    code, err = run(TINY + ["--steps", "1", "--batch-size", "100000000", "--out", str(out)], capsys)
+    one_line_error(code, err)                 # at once, before a gigabyte is allocated
+    assert "batch sizes above 1,048,576 are refused" in err and not out.exists()
 
 
 def test_a_refused_start_leaves_no_directory_it_created(tmp_path, capsys):
