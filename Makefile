@@ -29,9 +29,18 @@ $(VENV)/.installed: pyproject.toml
 	@touch $@
 
 # DEVICE=gpu installs CuPy once per choice of wheel (recorded in .venv/.cupy). The two wheels share the
-# `cupy` package directory, so the other one is removed first.
+# `cupy` package directory, so the other one is removed first. It first looks for the NVIDIA driver
+# (nvidia-smi, /proc/driver/nvidia or libcuda), so a machine without one is told so before ~2.7 GB of
+# CuPy and CUDA libraries are downloaded; GPU_DRIVER_CHECK=0 skips the check.
+GPU_DRIVER_CHECK ?= 1
+DRIVER_CHECK := test '$(GPU_DRIVER_CHECK)' = 0 || command -v nvidia-smi >/dev/null 2>&1 || \
+	test -e /proc/driver/nvidia/version || { /sbin/ldconfig -p 2>/dev/null || ldconfig -p 2>/dev/null; } | \
+	grep -q 'libcuda\.so' || { echo "error: DEVICE=gpu needs the NVIDIA driver, and this machine has none (no \
+	nvidia-smi, /proc/driver/nvidia or libcuda), so $(CUPY) was not downloaded; install the driver, or use \
+	DEVICE=cpu (GPU_DRIVER_CHECK=0 skips this check)" >&2; exit 2; }
 venv: $(VENV)/.installed
 	@$(if $(filter gpu,$(DEVICE)),grep -qxF '$(CUPY)$(CUPY_EXTRA)' $(VENV)/.cupy 2>/dev/null || { \
+		{ $(DRIVER_CHECK); } && \
 		$(PY) -m pip uninstall -q -y $(filter-out $(CUPY),cupy-cuda12x cupy-cuda13x) 2>/dev/null; \
 		$(PY) -m pip install -q '$(CUPY)$(CUPY_EXTRA)' && echo '$(CUPY)$(CUPY_EXTRA)' > $(VENV)/.cupy; })
 

@@ -62,7 +62,7 @@ def _task(args):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description="Generate, inspect and export the minattn tasks.")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     for cmd, text in [("export", "write every split of a task as text, one example per line"),
                       ("stats", "print split sizes, lengths and depths")]:
@@ -76,6 +76,7 @@ def main(argv=None) -> int:
                        help="a task option, e.g. n_train=1000 (arith, listops, mlu), searches=3 (retrieval)")
         if cmd == "export":
             p.add_argument("--out", required=True)
+            p.add_argument("--force", action="store_true", help="replace files of the same names in --out")
     args = parser.parse_args(argv)
     try:
         task = _task(args)
@@ -86,8 +87,15 @@ def main(argv=None) -> int:
                 print(f"{k:>{width}}: {len(s):>9,} {s.describe()}")
             return 0
         files = task.export_files()
+        there = [name for name in files if os.path.lexists(os.path.join(args.out, name))]
+        if there and not args.force:   # refused before anything is written: nothing of the user's is lost
+            print(f"tasks.py: error: {args.out} already holds {', '.join(there)}; nothing was written (choose another "
+                  "--out, or add --force to replace them)", file=sys.stderr)
+            return 2
         os.makedirs(args.out, exist_ok=True)
         for name, lines in files.items():
+            if os.path.islink(os.path.join(args.out, name)):   # --force replaces a link, never writes through it
+                os.unlink(os.path.join(args.out, name))
             with open(os.path.join(args.out, name), "w") as f:
                 f.writelines(line + "\n" for line in lines)
         print(f"wrote {', '.join(files)} to {args.out}")

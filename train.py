@@ -13,7 +13,7 @@ A loss or gradient norm that is not finite stops the run (exit code 3).
 
 What differs between papers (model, presets, batches, loss, evaluation, pictures) is a recipe in
 minattn/recipes/, found by task in its one table ``RECIPES``; the run directory's files (lock, checkpoint,
-log, --report) are minattn/rundir.py. This file: configuration, the loop, trained runs, the command line.
+log, --report) and the settings by name (--set) are minattn/rundir.py. This file: configuration, the loop, trained runs, the command line.
 
 Model selection is each task's ``Selection`` (minattn/recipes/base.py): the NDR paper's (docs/ndr.md §6)
 reports "iid" at the end of training and "test" at the evaluation with the best "valid" accuracy (ties go
@@ -29,8 +29,15 @@ import dataclasses
 import json
 import math
 import os
+import shlex
+import signal
 import sys
 import time
+
+if __name__ == "__main__":   # a signal while the imports below run (before main() handles it): stop quietly
+    for _sig, _code in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
+        signal.signal(_sig, lambda signum, frame, code=_code: (print("interrupted" if code == 130 else "terminated",
+                                                                      file=sys.stderr), os._exit(code)))
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before NumPy loads BLAS; see README "Speed"
 
@@ -38,10 +45,12 @@ import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from minattn import backend, optim, viz  # noqa: E402
-from minattn.recipes import RECIPES, RunConfig, UsageError, recipe_for  # noqa: E402
-from minattn.recipes.base import older_metrics, optimizer, schedule, stop_early  # noqa: E402
-from minattn.rundir import (CHECKPOINT, convert, identity, load_checkpoint, locked, repair_log,  # noqa: E402
-                            report, save_checkpoint, settings, to_json, write_atomic)
+from minattn.recipes import RECIPES, UsageError, recipe_for  # noqa: E402
+from minattn.recipes.base import field_types, older_metrics, optimizer, schedule, stop_early  # noqa: E402
+from minattn.rundir import (CHECKPOINT, Terminated, append_line, convert, handling_signals, identity,  # noqa: E402
+                            load_checkpoint, locked, missing_top, parse_settings, remove_empty, repair_log, report,
+                            resume_check, resume_settings, running_sums, save_checkpoint, saved_settings,
+                            stop_at_step_end, terminated, to_json, writable, write_atomic)
 
 
 class Diverged(Exception):
@@ -60,14 +69,6 @@ def user_values():
         raise UsageError(str(e)) from None
 
 
-def _field_types(recipe, model):
-    """{setting: its type} of a run of ``recipe`` with ``model``: the run's fields, the task options' and the
-    model's, from their classes (no preset is built)."""
-    classes = [RunConfig, recipe.Options, recipe.model_config_class(model)]
-    return {f.name: f.type for cls in classes if cls is not None for f in dataclasses.fields(cls)
-            if f.name not in ("model_config", "options")}
-
-
 def make_config(task, model, preset="cpu", **overrides):
     """The full configuration of a run: the preset for (task, model), then explicit overrides (settings of
     the run, the task options or the model, by name; None means "keep the preset's"). The task options are
@@ -77,12 +78,13 @@ def make_config(task, model, preset="cpu", **overrides):
         raise UsageError(f"unknown model {model!r} for task {task}; valid models: {', '.join(recipe.models)}")
     if preset not in ("cpu", "paper"):
         raise UsageError(f"unknown preset {preset!r}; valid presets: cpu, paper")
-    fields = _field_types(recipe, model)
+    fields = field_types(recipe, model)
     unknown = sorted(k for k, v in overrides.items() if v is not None and k not in fields)
     if "split" in unknown:
         raise UsageError(f"task {task} has no --split")
     if unknown:
-        raise UsageError(f"unknown setting {unknown[0]!r}; valid: {', '.join(sorted(fields))}")
+        raise UsageError(f"unknown setting {unknown[0]!r}; valid: "   # task, model, preset: flags, not settings
+                         f"{', '.join(sorted(k for k in fields if k not in ('task', 'model', 'preset')))}")
     option_names = {f.name for f in dataclasses.fields(recipe.Options)} if recipe.Options else set()
     with user_values():
         cfg = recipe.config(task, model, preset, **{k: v for k, v in overrides.items()
@@ -99,51 +101,15 @@ def make_config(task, model, preset="cpu", **overrides):
         value = getattr(cfg, key)
         if value is not None and not value > 0:                                  # None: counted in epochs
             raise UsageError(f"{key} must be positive, got {value}")
+    if cfg.seed < 0:
+        raise UsageError(f"--seed must be ≥ 0, got {cfg.seed}")
+    if max(cfg.batch_size or 0, cfg.eval_batch_size) > 2 ** 20:   # refused before gigabytes are allocated
+        raise UsageError(f"batch sizes above {2 ** 20:,} are refused (the presets' largest is 2,048)")
     for key in ("weight_decay", "grad_clip"):                                    # 0 switches them off
         value = getattr(cfg, key)
         if value < 0:
             raise UsageError(f"{key} must be ≥ 0, got {value}")
     return cfg
-
-
-def _bool(text):
-    if text.lower() not in ("true", "false", "1", "0"):
-        raise ValueError(text)
-    return text.lower() in ("true", "1")
-
-
-_EXPECTED = {"int": "an integer", "float": "a number", "bool": "true or false"}
-
-
-def _parse_value(key, text, task, model=None):
-    """--set values take the type of the field they override (in the model's own config when it is known)."""
-    recipe = recipe_for(task)
-    field_types = _field_types(recipe, model if model in recipe.models else next(iter(recipe.models)))
-    for name in ("task", "model", "preset"):   # not --set's to change
-        field_types.pop(name)
-    kind = field_types.get(key)
-    if kind is None:
-        raise UsageError(f"unknown setting {key!r} in --set; valid: {', '.join(sorted(field_types))}")
-    kind = getattr(kind, "__name__", kind)   # a class, or its name under postponed annotations
-    try:
-        return {"int": int, "float": float, "str": str, "bool": _bool}.get(kind, str)(text)
-    except ValueError:
-        raise UsageError(f"--set {key}={text}: expected {_EXPECTED.get(kind, kind)}") from None
-
-
-def _parse_settings(items, task, model, allowed=None):
-    """--set KEY=VALUE strings → {key: typed value}. ``allowed``: the only keys taken (a trained run's)."""
-    settings = {}
-    for item in items:
-        key, eq, value = item.partition("=")
-        if not eq:
-            raise UsageError(f"--set expects KEY=VALUE, got {item!r}")
-        if key in ("task", "model", "preset"):   # they choose the settings --set changes, so they come first
-            raise UsageError(f"--set {item}: use --{key} {value} instead")
-        if allowed is not None and key not in allowed:
-            raise UsageError(f"--set {item}: a trained run takes only {', '.join(k + '=N' for k in allowed)}")
-        settings[key] = _parse_value(key, value, task, model)
-    return settings
 
 
 def show_config(cfg, preset):
@@ -176,33 +142,22 @@ def train(cfg, out_dir, resume=False, progress=True):
     """Run (or continue) training as configured, holding the run directory's lock; returns the results dict
     written to results.json. On ``resume``, ``cfg.steps`` and ``cfg.eval_every`` None mean the run's own."""
     backend.get_xp(cfg.device)  # a missing GPU fails here, before any work
-    created = not os.path.exists(out_dir)
+    created = missing_top(out_dir)   # the first directory of out_dir this run creates (e.g. runs/), if any
     with locked(out_dir):
         try:
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):   # the divergence guard says it once
                 return _train(cfg, out_dir, resume, progress)
-        except UsageError:      # refused before anything was written: leave no empty run directory behind
+        except (UsageError, MemoryError):   # refused before anything was written: leave no empty directory behind
             if created and os.listdir(out_dir) == ["lock"]:
                 os.remove(os.path.join(out_dir, "lock"))
-                os.rmdir(out_dir)
+                remove_empty(out_dir, created)
             raise
 
 
 def _train(cfg, out_dir, resume, progress):
     ckpt_path, log_path = os.path.join(out_dir, CHECKPOINT), os.path.join(out_dir, "metrics.jsonl")
-    if resume:
-        ckpt = load_checkpoint(ckpt_path)
-        cfg.steps = ckpt["config"]["steps"] if cfg.steps is None else cfg.steps
-        cfg.eval_every = ckpt["config"]["eval_every"] if cfg.eval_every is None else cfg.eval_every
-        # compared setting by setting, so that a checkpoint whose config has the older layout (task options
-        # and schedule inside model_config) belongs to the same run
-        was, now = settings(ckpt["identity"]), settings(identity(cfg))
-        diff = sorted(k for k in was.keys() | now.keys() if was.get(k) != now.get(k))
-        if diff:
-            raise UsageError(f"checkpoint in {out_dir} was written by a different run (differs in: {', '.join(diff)}); "
-                             "nothing was overwritten")
-        if cfg.steps < ckpt["step"]:
-            raise UsageError(f"--steps {cfg.steps} is below step {ckpt['step']}, which {out_dir} has already reached")
+    if resume:   # refused unless the checkpoint is this run's and whole (the run's budget kept unless given)
+        ckpt = resume_check(cfg, out_dir)
     elif os.path.exists(ckpt_path) or os.path.exists(os.path.join(out_dir, "checkpoint.pkl")):
         raise UsageError(f"{out_dir} already holds a checkpoint: pass --resume to continue it, "
                          "or choose another --out")
@@ -236,18 +191,19 @@ def _train(cfg, out_dir, resume, progress):
         next(stream)
     run_rng = backend.RNG(cfg.seed, cfg.device)
 
-    def checkpoint():
+    def checkpoint(running=None):   # running: the sums of an evaluation interval in progress (SIGTERM)
         save_checkpoint(ckpt_path, {"identity": identity(cfg), "config": dataclasses.asdict(cfg), "step": step,
                                     "best": best, "last": last, "train_time": train_time, "history": history},
-                        model.state_dict(), opt.state_dict(), selected)
+                        model.state_dict(), opt.state_dict(), selected, running)
 
     print(f"{'resuming' if step else 'training'} {cfg.task} / {cfg.model} ({cfg.preset} preset, seed {cfg.seed}) on "
           f"{cfg.device} in {out_dir}: step {step} of {cfg.steps}, batch {cfg.batch_size}, lr {cfg.lr:g}, an "
           f"evaluation every {cfg.eval_every} steps", file=sys.stderr)
     bar = tqdm(total=cfg.steps, initial=step, disable=not progress, desc=f"{cfg.task}/{cfg.model}", unit="step")
-    start_step, loss_sum, norm_sum, stats, seen, n_batches = step, 0.0, 0.0, {}, 0, 0
+    start_step, (loss_sum, norm_sum, stats, seen, n_batches) = step, running_sums(ckpt if resume else {}, cfg.device)
     diverged = None
     model.train()
+    stop_at_step_end(True)                    # SIGTERM from now on: the loop below saves its step, then stops
     while step < cfg.steps and not stop_early(cfg, rule, step, history):
         t0 = time.perf_counter()
         batch = next(stream)
@@ -289,14 +245,17 @@ def _train(cfg, out_dir, resume, progress):
                     selected = model.state_dict()
             entry = to_json(entry)
             history.append(entry)
-            with open(log_path, "a") as f:    # one write per line; a kill can tear only the last one
-                f.write(json.dumps(entry, allow_nan=False) + "\n")
+            append_line(log_path, json.dumps(entry, allow_nan=False) + "\n")   # a kill can tear only this line
             if diverged:                      # the last checkpoint (finite weights) stays as it is
                 break
             bar.set_postfix({k: v for k, v in entry.items() if k not in ("step", "wall_s")})
             loss_sum, norm_sum, stats, seen, n_batches = 0.0, 0.0, {}, 0, 0
             checkpoint()
             bar.unpause()                     # rate and ETA count training, not evaluation and checkpoint
+        if terminated():                      # SIGTERM: save this step (with the interval's sums), then exit 143
+            checkpoint((loss_sum, norm_sum, stats, seen, n_batches)) if n_batches else None
+            raise Terminated
+    stop_at_step_end(False)                   # (a SIGTERM after the last step stops the run here)
     bar.close()
 
     metrics = {k: v if k in rule.final else best["metrics"].get(k, v) for k, v in last.items()}
@@ -340,8 +299,8 @@ def _load_run(out_dir, device, overrides=()):
     if not os.path.exists(path) and not os.path.exists(os.path.join(out_dir, "checkpoint.pkl")):
         raise UsageError(f"{out_dir} holds no {CHECKPOINT} (is it a run directory? train there first)")
     ckpt = load_checkpoint(path)
-    saved = dict(settings(ckpt["config"]), device=device)   # any layout, older ones included
-    saved.update(_parse_settings(overrides, saved["task"], saved["model"], allowed=EVAL_SETTINGS))
+    saved = dict(saved_settings(ckpt, path), device=device)   # any layout, older ones included; checked
+    saved.update(parse_settings(overrides, saved["task"], saved["model"], allowed=EVAL_SETTINGS))
     cfg = make_config(saved.pop("task"), saved.pop("model"), saved.pop("preset"), **saved)
     recipe = recipe_for(cfg.task)(cfg)
     with user_values():
@@ -370,17 +329,24 @@ def evaluate_checkpoint(out_dir, device="cpu", settings=()):
         return {"step": step, "settings": list(settings), "metrics": recipe.evaluate(model)}
 
 
-def plot(out_dir, device="cpu", texts=(), task=None, model=None, settings=()):
-    """Pictures of what the checkpoint in out_dir learned (minattn/viz.py) as PNGs in out_dir/plots, or as
-    terminal heatmaps without matplotlib; returns the paths written. ``texts``: inputs to show instead of
-    the test examples; ``task``/``model``, when given, must be the checkpoint's."""
+def plot(out_dir, device="cpu", texts=(), task=None, model=None, settings=(), plot_dir=None):
+    """Pictures of what the checkpoint in out_dir learned (minattn/viz.py) as PNGs in ``plot_dir`` (default
+    out_dir/plots), or as terminal heatmaps without matplotlib; returns the paths written. ``texts``: inputs
+    to show instead of the test examples; ``task``/``model``, when given, must be the checkpoint's."""
+    if any(not t.strip() for t in texts):
+        raise UsageError("--example is empty: give the input to draw, e.g. --example '101 d a b'")
+    default_dir, plot_dir = plot_dir is None, plot_dir or os.path.join(out_dir, "plots")
+    if default_dir and os.path.islink(plot_dir) or os.path.exists(plot_dir) and not os.path.isdir(plot_dir):
+        raise UsageError(f"{plot_dir} is a link or a file, not a directory for the pictures (choose --plot-dir)")
     recipe, net, _ = _load_run(out_dir, device, settings)
     for flag, given, saved in (("--task", task, recipe.cfg.task), ("--model", model, recipe.cfg.model)):
         if given is not None and given != saved:
             raise UsageError(f"{out_dir} holds a {recipe.cfg.task} / {recipe.cfg.model} checkpoint, not {flag} {given}")
     with user_values():
         pictures = recipe.plot_examples(net, list(texts))
-    paths = viz.write_pictures(pictures, os.path.join(out_dir, "plots"))
+    if default_dir and viz.have_matplotlib() and not writable(plot_dir if os.path.isdir(plot_dir) else out_dir):
+        raise UsageError(f"cannot write the pictures into {plot_dir} (read-only): choose --plot-dir DIR")
+    paths = viz.write_pictures(pictures, plot_dir)
     for path in paths:
         print(f"wrote {path}")
     return paths
@@ -398,8 +364,8 @@ def parse_args(argv=None):
                     "minattn/data/seq2attn.py)")
     ap.add_argument("--device", default="cpu", help="cpu or gpu (needs CuPy: make venv DEVICE=gpu, or "
                     "pip install -e '.[gpu]'; see README \"On a GPU\")")
-    ap.add_argument("--preset", default="cpu", help="cpu (default; ~30 min on 2 cores) or paper (the paper's "
-                    "hyperparameters, for a GPU)")
+    ap.add_argument("--preset", help="cpu (default; ~30 min on 2 cores) or paper (the paper's hyperparameters, "
+                    "for a GPU); a --resume keeps the run's")
     ap.add_argument("--steps", type=int, help="optimizer steps (default: the preset's)")
     ap.add_argument("--batch-size", type=int, help="training batch size (default: the preset's)")
     ap.add_argument("--lr", type=float, help="learning rate (default: the preset's)")
@@ -427,12 +393,13 @@ def parse_args(argv=None):
     ap.add_argument("--plot", action="store_true", help="draw what the checkpoint in --out learned (attention maps, "
                     "gates, value scores, relations) into DIR/plots and exit; PNGs need matplotlib (pip install -e "
                     "'.[plot]'), without it the maps are printed as text")
+    ap.add_argument("--plot-dir", metavar="DIR", help="--plot: write the PNGs to DIR (default: the run's plots/)")
     ap.add_argument("--example", action="append", default=[], metavar="TEXT",
                     help="--plot this input instead of a fixed sample of test examples (repeatable): the task's text, "
                     "e.g. ctl '101 d a b', lookup '100 t3 t1 .', scan 'jump twice'; object indices for sort, "
                     "pairwise, set")
-    ap.add_argument("--train-size", type=int, help="sort, pairwise, set: training samples drawn from the train "
-                    "pool (default: sort 500, pairwise 2015, set 2000)")
+    ap.add_argument("--train-size", type=int, help="sort, pairwise, set, mlu: training samples drawn from the "
+                    "train pool (default: sort 500, pairwise 2015, set 2000, mlu 200000)")
     ap.add_argument("--searches", type=int, help="retrieval: ground-truth searches S (default 2)")
     ap.add_argument("--retrievals", type=int, help="retrieval: ground-truth retrievals R (default 4)")
     ap.add_argument("--ood", action="store_true", help="retrieval: train on 80%% of the combinations of retrieval "
@@ -441,86 +408,110 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    out = None
+    args, where = parse_args(argv), {"out": None}
     try:
-        if isinstance(args.resume, str):  # --resume DIR: the run directory, as --out DIR
-            if args.out and args.out != args.resume:
-                raise UsageError(f"--resume {args.resume} and --out {args.out} name different run directories")
-            args.out, args.resume = args.resume, True
-        if args.report:
-            report(args.report)
-            return 0
-        if args.convert:
-            convert(args.convert)
-            return 0
-        inspect = next((flag for flag in ("analyze", "evaluate", "plot") if getattr(args, flag)), None)
-        if inspect and not args.out:
-            raise UsageError(f"--{inspect} needs --out DIR (or --resume DIR), a run directory with a checkpoint")
-        if args.analyze:
-            print(analyze(args.out, args.device, args.set))
-            return 0
-        if args.evaluate:
-            print(json.dumps(evaluate_checkpoint(args.out, args.device, args.set)))
-            return 0
-        if args.plot:
-            plot(args.out, args.device, args.example, args.task, args.model, args.set)
-            return 0
-        if args.example:
-            raise UsageError("--example goes with --plot")
-        saved = {}
-        if args.resume and args.out and args.task is None and args.model is None:
-            # `--resume --out DIR` alone continues the run saved there: task, model, preset and every
-            # setting come from its checkpoint; flags given now (e.g. --steps) still apply on top.
-            saved = settings(load_checkpoint(os.path.join(args.out, CHECKPOINT))["config"])
-            args.task, args.model, args.preset = saved.pop("task"), saved.pop("model"), saved.pop("preset")
-            saved.pop("device")
-        args.task, args.model = args.task or "ctl", args.model or "ndr"
-        recipe_for(args.task)
-        if args.device not in ("cpu", "gpu"):
-            raise UsageError(f"unknown device {args.device!r}; valid devices: cpu, gpu")
-        overrides = _parse_settings(args.set, args.task, args.model)
-        flags = dict(seed=args.seed, device=args.device, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                     eval_every=args.eval_every, searches=args.searches, retrievals=args.retrievals,
-                     ood=args.ood or None, split=args.split, train_size=args.train_size)
-        defaults = parse_args([])
-        for key, value in overrides.items():   # --set lr=… is the same as --lr …; both at once must agree
-            given = flags.get(key)
-            if given is not None and given != getattr(defaults, key, None) and given != value:
-                raise UsageError(f"--set {key}={value} contradicts --{key.replace('_', '-')} {given}")
-            flags[key] = value
-        for key, value in saved.items():       # what was not given now keeps the checkpoint's value
-            if key not in overrides and flags.get(key) in (None, getattr(defaults, key, None)):
-                flags[key] = value
-        args.seed = flags["seed"]
-        cfg = make_config(args.task, args.model, args.preset, **flags)
-        if args.show_config:   # resolved as training would (steps may count epochs), then compared
-            preset = make_config(args.task, args.model, args.preset, split=flags["split"])
-            print(show_config(schedule(cfg), schedule(preset)))
-            return 0
-        if args.resume:   # the run's own step budget and evaluation interval (train() reads them) unless given
-            cfg.steps, cfg.eval_every = flags["steps"], flags["eval_every"]
-        # the data options are part of the default name, so runs at different sizes or splits don't collide
-        task_name = "-".join([args.task] + [f"{tag}{value}" for tag, value in (
-            ("", args.split), ("n", args.train_size), ("S", args.searches), ("R", args.retrievals)) if value]
-            + ["ood"] * bool(args.ood))
-        out = args.out or os.path.join("runs", f"{task_name}-{args.model}-{args.preset}-s{args.seed}")
-        results = train(cfg, out, resume=args.resume, progress=not args.no_progress)
+        with handling_signals():   # Ctrl-C and SIGTERM: after any write in progress, then the lines below
+            return _main(args, where)
     except (UsageError, backend.DeviceError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:   # `train.py --report runs/* | head`: the reader left; not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except OSError as e:      # a full disk, a read-only directory: the system's one line, not a traceback
         print(f"error: {e.strerror or e}" + (f": {e.filename}" if e.filename else ""), file=sys.stderr)
+        return 2
+    except MemoryError as e:  # e.g. --set d_model=1000000: numpy names the array it could not allocate
+        print(f"error: not enough memory ({e or 'MemoryError'}); choose smaller sizes (d_model, d_ff, n_steps, "
+              "--batch-size)", file=sys.stderr)
         return 2
     except Diverged as e:
         print(f"error: {e}", file=sys.stderr)
         return 3
-    except KeyboardInterrupt:
-        saved = out and os.path.exists(os.path.join(out, CHECKPOINT))
-        print("interrupted" + ("" if out is None else   # out: set once training starts (not --evaluate, --plot)
-                               ": the last checkpoint is intact; continue with --resume" if saved else
-                               ": before the first checkpoint, so there is nothing to resume"), file=sys.stderr)
-        return 130
+    except (KeyboardInterrupt, Terminated) as e:
+        out = where["out"]
+        kept = out and os.path.exists(os.path.join(out, CHECKPOINT))
+        print(("interrupted" if isinstance(e, KeyboardInterrupt) else "terminated") + (
+            "" if out is None else   # out: set once training starts (not --evaluate, --plot)
+            ": the last checkpoint is intact; continue with --resume" if kept else
+            ": before the first checkpoint, so there is nothing to resume"), file=sys.stderr)
+        return 130 if isinstance(e, KeyboardInterrupt) else 143
+
+
+def _main(args, where):
+    """main() without its error handling; ``where["out"]``: the run directory, once training starts."""
+    for flag in ("task", "model", "preset", "split", "out", "plot_dir", "resume"):
+        if getattr(args, flag) == "":
+            raise UsageError(f"--{flag.replace('_', '-')} is empty")
+    if isinstance(args.resume, str):  # --resume DIR: the run directory, as --out DIR
+        if args.out and args.out != args.resume:
+            raise UsageError(f"--resume {args.resume} and --out {args.out} name different run directories")
+        args.out, args.resume = args.resume, True
+    modes = [f"--{m.replace('_', '-')}" for m in ("report", "convert", "analyze", "evaluate", "plot", "show_config")
+             if getattr(args, m)]   # each runs alone
+    if len(modes) > 1:
+        raise UsageError(f"{' and '.join(modes)} are separate modes: give one at a time")
+    if args.report:
+        report(args.report)
+        return 0
+    if args.convert:
+        convert(args.convert)
+        return 0
+    inspect = next((flag for flag in ("analyze", "evaluate", "plot") if getattr(args, flag)), None)
+    if inspect and not args.out:
+        raise UsageError(f"--{inspect} needs --out DIR (or --resume DIR), a run directory with a checkpoint")
+    if args.analyze:
+        print(analyze(args.out, args.device, args.set))
+        return 0
+    if args.evaluate:
+        print(json.dumps(to_json(evaluate_checkpoint(args.out, args.device, args.set))))
+        return 0
+    if args.plot:
+        plot(args.out, args.device, args.example, args.task, args.model, args.set, args.plot_dir)
+        return 0
+    if args.example:
+        raise UsageError("--example goes with --plot")
+    saved = {}
+    if args.resume and args.out and (args.task is None or args.model is None):
+        # `--resume --out DIR` alone continues the run saved there: task, model, preset and every
+        # setting come from its checkpoint; flags given now (e.g. --steps) still apply on top.
+        saved = resume_settings(args.out, args.task, args.model, args.preset)
+        args.task, args.model, args.preset = saved.pop("task"), saved.pop("model"), saved.pop("preset")
+    args.task = "ctl" if args.task is None else args.task
+    args.model, args.preset = args.model or "ndr", args.preset or "cpu"
+    recipe_for(args.task)
+    if args.device not in ("cpu", "gpu"):
+        raise UsageError(f"unknown device {args.device!r}; valid devices: cpu, gpu")
+    overrides = parse_settings(args.set, args.task, args.model)
+    flags = dict(seed=args.seed, device=args.device, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                 eval_every=args.eval_every, searches=args.searches, retrievals=args.retrievals,
+                 ood=args.ood or None, split=args.split, train_size=args.train_size)
+    defaults = parse_args([])
+    for key, value in overrides.items():   # --set lr=… is the same as --lr …; both at once must agree
+        given = flags.get(key)
+        if given is not None and given != getattr(defaults, key, None) and given != value:
+            raise UsageError(f"--set {key}={value} contradicts --{key.replace('_', '-')} {given}")
+        flags[key] = value
+    for key, value in saved.items():       # what was not given now keeps the checkpoint's value
+        if key not in overrides and flags.get(key) in (None, getattr(defaults, key, None)):
+            flags[key] = value
+    args.seed = flags["seed"]
+    cfg = make_config(args.task, args.model, args.preset, **flags)
+    if args.resume:   # the run's own step budget and evaluation interval (train() reads them) unless given
+        cfg.steps, cfg.eval_every = flags["steps"], flags["eval_every"]
+    # the data options are part of the default name, so runs at different sizes or splits don't collide
+    task_name = "-".join([args.task] + [f"{tag}{value}" for tag, value in (
+        ("", args.split), ("n", args.train_size), ("S", args.searches), ("R", args.retrievals)) if value]
+        + ["ood"] * bool(args.ood))
+    out = args.out or os.path.join("runs", f"{task_name}-{args.model}-{args.preset}-s{args.seed}")
+    if args.show_config:   # resolved as training would (steps may count epochs), then compared
+        if args.resume:    # as the resume would run it, or refused as it would be
+            resume_check(cfg, out)
+        preset = make_config(args.task, args.model, args.preset, split=flags["split"])
+        print(show_config(schedule(cfg), schedule(preset)))
+        return 0
+    where["out"] = out
+    results = train(cfg, out, resume=args.resume, progress=not args.no_progress)
     print(summary(results, out))
     return 0
 
@@ -534,13 +525,9 @@ def summary(results, out):
                "(the last evaluation: the task has no split to select by)\n") +
             f"results: {os.path.join(out, 'results.json')}, learning curve: {os.path.join(out, 'metrics.jsonl')}, "
             f"checkpoint: {os.path.join(out, CHECKPOINT)}\n"
-            f"pictures: python train.py --plot --out {out}")
+            f"pictures: python train.py --plot --out {shlex.quote(out)}")
 
 
 if __name__ == "__main__":
     backend.keep_freed_memory()  # ~10% faster steps here; see its docstring
-    try:
-        sys.exit(main())
-    except BrokenPipeError:   # `train.py --report runs/* | head`: the reader left; not an error of ours
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(0)
+    sys.exit(main())

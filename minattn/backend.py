@@ -242,6 +242,19 @@ class RNG:
 
 
 
+_default_rngs = {}
+
+
+def default_rng(device="cpu"):
+    """The stream a random module draws from until ``Module.set_rng`` gives it one: one per device, seeded 0
+    when first used, so a script's dropout masks and Gumbel noise are the same from run to run with no set-up.
+    For a seed of your own (and for noise that does not depend on what ran before), call
+    ``model.set_rng(RNG(seed, device))``; train.py does, reseeding it every step so a resume replays it."""
+    if device not in _default_rngs:
+        _default_rngs[device] = RNG(0, device)
+    return _default_rngs[device]
+
+
 def keep_freed_memory():
     """Ask glibc to keep freed memory for reuse instead of returning it to the OS.
 

@@ -5,7 +5,7 @@ norm) are built from ops and so get correct gradients for free. Signatures follo
 NumPy's ``axis=`` keyword.
 """
 from . import ops
-from .backend import array_module
+from .backend import array_module, default_rng, device_of
 from .engine import Tensor, is_training
 from .ops import (abs, broadcast_to, concat, cross_entropy, cumsum, embedding, exp, linear, log,  # noqa: F401
                   log_softmax, logsigmoid, masked_fill, matmul, max, maximum, mean, minimum, relu, reshape, sigmoid,
@@ -33,8 +33,8 @@ def dropout(x, p, rng, training=None):
         return x
     if not 0 <= p < 1:
         raise ValueError(f"dropout probability must be in [0, 1), got {p}")
-    if rng is None:
-        raise ValueError("dropout in training mode needs an RNG: call model.set_rng(backend.RNG(seed, device))")
+    if rng is None:   # no stream set (Module.set_rng): the seeded default one
+        rng = default_rng(device_of(x.data if isinstance(x, Tensor) else x))
     mask = rng.keep_mask(x.shape, p) * x.dtype.type(1 / (1 - p))
     return x * mask
 
@@ -59,7 +59,7 @@ def gumbel_softmax(logits, tau=1.0, hard=True, rng=None, axis=-1, noise=None):
     """
     if noise is None:
         if rng is None:
-            raise ValueError("gumbel_softmax needs an rng (or explicit noise)")
+            rng = default_rng(device_of(logits.data if isinstance(logits, Tensor) else logits))
         noise = rng.gumbel(logits.shape, logits.dtype)
     soft = softmax((logits + noise) / tau, axis=axis)
     if not hard:

@@ -222,7 +222,8 @@ class LayerNorm(Module):
 
 
 class Dropout(Module):
-    """Inverted dropout drawing from ``self.rng`` (set by ``Module.set_rng``); off in eval.
+    """Inverted dropout drawing from ``self.rng`` (set by ``Module.set_rng``; until then
+    ``backend.default_rng``); off in eval.
 
     ``scale=False`` keeps the kept entries as they are (a gate that closes, not a rescaled activation);
     ``shared_axes`` share one draw along those axes (e.g. (-1,): a whole column at once). ``plan(n)``
@@ -249,12 +250,11 @@ class Dropout(Module):
         shape = tuple(1 if a in self.shared_axes or a - x.ndim in self.shared_axes else n
                       for a, n in enumerate(x.shape))
         masks = self._masks
-        if masks is None or masks[0] is not self.rng or masks[1] != (shape, x.dtype) or masks[3] == self.draws:
-            if self.rng is None:
-                raise ValueError("dropout in training mode needs an RNG: call model.set_rng(backend.RNG(seed, device))")
-            keep = self.rng.keep_mask((self.draws,) + shape, self.p)
+        rng = self.rng if self.rng is not None else backend.default_rng(backend.device_of(x.data))
+        if masks is None or masks[0] is not rng or masks[1] != (shape, x.dtype) or masks[3] == self.draws:
+            keep = rng.keep_mask((self.draws,) + shape, self.p)
             drawn = keep * x.dtype.type(1 / (1 - self.p)) if self.scale else keep.astype(x.dtype)
-            masks = self._masks = [self.rng, (shape, x.dtype), drawn, 0]
+            masks = self._masks = [rng, (shape, x.dtype), drawn, 0]
         masks[3] += 1
         return masks[2][masks[3] - 1]
 

@@ -1,23 +1,188 @@
 """The run directory: one writer at a time, files replaced atomically, checkpoints as .npz + JSON (never a
-pickle; the format is docs/checkpoints.md), the metrics log kept in step with the checkpoint, and the
-report of finished runs (``train.py --report``).
+pickle; the format is docs/checkpoints.md), the metrics log kept in step with the checkpoint, the report of
+finished runs (``train.py --report``), and a run's settings by name: what ``--set`` may change, and a checkpoint's
+configuration in any layout, checked before it is used.
 
 A run directory holds: lock (its writer's pid), checkpoint.npz, metrics.jsonl (one line per evaluation,
 appended) and, at the end, results.json. Every file but the log is replaced whole, atomically.
+
+Nothing in a run directory is trusted, as it may be shared: minattn writes there only regular files and never
+through a symbolic link (O_NOFOLLOW, or a rename over the link), reads a checkpoint only after bounding what it
+declares and checking every field, and skips in ``--report`` what it cannot read. Ctrl-C and SIGTERM take
+effect after the write in progress (SIGTERM in training: after saving its step), so a stopped run leaves whole
+files; the temporary files of a ``kill -9`` are swept by the next writer.
 """
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import json
 import os
+import signal
+import stat
 import sys
 import tempfile
+import zipfile
 
 import numpy as np
 
-from .recipes.base import UsageError
+from . import backend
+from .recipes import UsageError, recipe_for
+from .recipes.base import field_types, older_metrics
 
 CHECKPOINT_VERSION = 2   # 1: checkpoint.pkl (pickle), read only by --convert
+
+
+# --- signals: Ctrl-C (SIGINT) and SIGTERM stop a run between writes, never inside one ----------------------
+
+class Terminated(BaseException):
+    """SIGTERM (``kill``, ``docker stop``, a scheduler's preemption): handled like Ctrl-C, exit code 143."""
+
+
+_signals = {"deferring": 0, "pending": None, "at_step_end": False, "terminated": False}
+
+
+def _raise_for(signum):
+    raise KeyboardInterrupt if signum == signal.SIGINT else Terminated
+
+
+def _on_signal(signum, frame):
+    if signum == signal.SIGTERM and _signals["at_step_end"]:   # the training loop saves its step, then stops
+        _signals["terminated"] = True
+        return
+    if _signals["deferring"]:          # inside a write: finish it first (see deferring_signals)
+        _signals["pending"] = _signals["pending"] or signum
+        return
+    _raise_for(signum)
+
+
+@contextlib.contextmanager
+def handling_signals():
+    """While the block runs (in the main thread), SIGINT raises KeyboardInterrupt and SIGTERM ``Terminated``,
+    both deferred to the end of any write in progress, so a stopped run leaves whole files and no temp file."""
+    _signals.update(pending=None, at_step_end=False, terminated=False)
+    try:
+        old = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:                 # not the main thread: signals are not ours to handle
+        old = {}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        _signals.update(pending=None, at_step_end=False, terminated=False)
+
+
+def stop_at_step_end(on):
+    """On: SIGTERM waits for the end of the training step (``terminated()`` then says so, and the loop saves that
+    step before it raises ``Terminated``): a preempted run loses no step. Off: a SIGTERM still pending stops
+    the run here."""
+    _signals["at_step_end"] = on
+    if not on and _signals["terminated"]:
+        _signals["terminated"] = False
+        raise Terminated
+
+
+def terminated():
+    return _signals["terminated"]
+
+
+def writable(path):
+    """Whether files can be created in the directory ``path`` (permissions, and not a read-only file system)."""
+    return os.access(path, os.W_OK) and not os.statvfs(path).f_flag & os.ST_RDONLY
+
+
+@contextlib.contextmanager
+def deferring_signals():
+    """A signal that arrives in the block takes effect when the block ends (the write is then complete)."""
+    _signals["deferring"] += 1
+    try:
+        yield
+    finally:
+        _signals["deferring"] -= 1
+        pending = _signals["pending"]
+        if pending and not _signals["deferring"]:
+            _signals["pending"] = None
+            _raise_for(pending)
+
+
+# --- files in a run directory: never through a symbolic link, never anything but a regular file ----------
+
+def open_in_run(path, flags, mode=0o644):
+    """os.open(path) for writing a file of a run directory: a symbolic link at ``path`` is refused (O_NOFOLLOW,
+    so a shared directory's ``lock -> ~/.bashrc`` cannot redirect a write) and so is anything but a regular
+    file (a FIFO would block: O_NONBLOCK opens it without waiting, then it is refused)."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENXIO):
+            raise UsageError(f"{path} is a symbolic link or a special file: minattn writes only regular files in a "
+                             "run directory (remove it)") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UsageError(f"{path} is not a regular file: minattn writes only regular files in a run directory "
+                         "(remove it)")
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    return fd
+
+
+def open_regular(path, mode="r"):
+    """open(path) for reading a file of a run directory, refusing anything but a regular file (OSError): a FIFO
+    would block the reader, a device never end."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", path)
+    return os.fdopen(fd, mode)
+
+
+def append_line(path, line):
+    """Append one line to a file of the run directory (the metrics log) in one write."""
+    with deferring_signals():
+        with os.fdopen(open_in_run(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a") as f:
+            f.write(line)
+
+
+def _pid_alive(text):
+    try:
+        os.kill(int(text), 0)
+    except (ValueError, OverflowError, ProcessLookupError):
+        return False
+    except PermissionError:             # another user's process
+        pass
+    return True
+
+
+def sweep_temporary_files(out_dir):
+    """Remove the ``.tmp-*`` files of writes a kill (SIGKILL, a power cut) interrupted; only the lock's holder
+    calls this, so no write of another run is in progress. Returns how many there were."""
+    removed = 0
+    for name in os.listdir(out_dir):
+        if name.startswith(".tmp-"):
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError, PermissionError):
+                os.unlink(os.path.join(out_dir, name))   # unlink removes a link, never what it points to
+                removed += 1
+    return removed
+
+
+def missing_top(path):
+    """The outermost directory of ``path`` (itself included) that does not exist yet, or None."""
+    top, path = None, os.path.abspath(path)
+    while not os.path.exists(path):
+        top, path = path, os.path.dirname(path)
+    return top
+
+
+def remove_empty(path, top):
+    """Remove ``path`` and its parents up to ``top`` while they are empty (what a refused start created)."""
+    path = os.path.abspath(path)
+    with contextlib.suppress(OSError):
+        while True:
+            os.rmdir(path)
+            if path == top:
+                break
+            path = os.path.dirname(path)
 
 
 @contextlib.contextmanager
@@ -25,46 +190,55 @@ def locked(out_dir):
     """Hold an exclusive lock on the run directory (created if needed) while the block runs: a second
     writer gets a UsageError naming the holder's pid. ``flock`` is released by the kernel when its process
     dies, so the lock of a killed run is free and simply taken over; the pid inside is only for the message.
-    The lock file is left behind: deleting it would let a waiting writer lock an orphaned inode."""
+    The lock file is left behind: deleting it would let a waiting writer lock an orphaned inode. Temporary
+    files that killed writes left behind are swept once the lock is held."""
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise UsageError(f"--out {out_dir} is a file, not a run directory")
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "lock"), "a+") as f:
+    with os.fdopen(open_in_run(os.path.join(out_dir, "lock"), os.O_RDWR | os.O_CREAT), "r+") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             f.seek(0)
-            raise UsageError(f"{out_dir} is in use by another run (pid {f.read().strip() or '?'}); wait for it "
-                             "to end or choose another --out") from None
+            pid = f.read(32).strip()
+            raise UsageError(f"{out_dir} is in use by another run (pid {pid if _pid_alive(pid) else 'unknown'}); "
+                             "wait for it to end or choose another --out") from None
         f.seek(0)
         f.truncate()
         f.write(f"{os.getpid()}\n")
         f.flush()
+        sweep_temporary_files(out_dir)
         yield
 
 
 def write_atomic(path, write, mode="w"):
     """``write(file)`` into a temporary file beside ``path``, fsync it, rename it over ``path`` and fsync the
-    directory: after a crash or a full disk ``path`` holds the old content or the new, never a mix."""
+    directory: after a crash or a full disk ``path`` holds the old content or the new, never a mix. The
+    temporary file is created exclusively (never through a link) and the rename replaces a link at ``path``
+    rather than writing through it. Ctrl-C and SIGTERM wait for the end of the write."""
     d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
-    umask = os.umask(0)
-    os.umask(umask)
-    try:
-        os.fchmod(fd, 0o666 & ~umask)   # mkstemp's 0600 would hide a shared run's files from its readers
-        with os.fdopen(fd, mode) as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
+    with deferring_signals():
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
+        umask = os.umask(0)
+        os.umask(umask)
+        try:
+            os.fchmod(fd, 0o666 & ~umask)   # mkstemp's 0600 would hide a shared run's files from its readers
+            with os.fdopen(fd, mode) as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+        except BaseException as e:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            if isinstance(e, OSError) and e.filename is None:   # a full disk: say which file did not fit
+                raise OSError(e.errno, e.strerror, path) from None
+            raise
         os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    dir_fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)              # the rename itself survives a power cut
-    finally:
-        os.close(dir_fd)
+        dir_fd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)              # the rename itself survives a power cut
+        finally:
+            os.close(dir_fd)
 
 
 def to_json(obj):
@@ -87,44 +261,294 @@ CHECKPOINT_METADATA = ("version", "identity", "config", "step", "best", "train_t
                        "parameters")
 
 
-def save_checkpoint(path, metadata, params, opt_state, selected=None):
+def save_checkpoint(path, metadata, params, opt_state, selected=None, running=None):
     """``params``, ``selected``: {name: array} in the model's parameter order; ``opt_state``: the optimizer's
-    state_dict, whose per-parameter state is stored under the parameter's name."""
+    state_dict, whose per-parameter state is stored under the parameter's name (the names without state, which
+    never had a gradient, are listed in the metadata, so a checkpoint stripped of its state is told apart).
+    ``running``: (loss sum, gradient-norm sum, {stat: sum}, samples, batches) of an evaluation interval in
+    progress (a checkpoint between evaluations, on SIGTERM), stored exactly so that a resume logs what an
+    uninterrupted run logs."""
     arrays = {f"model/{k}": v for k, v in params.items()}
     arrays.update({f"selected/{k}": v for k, v in (selected or {}).items()})
     arrays.update({f"optimizer/{name}/{k}": v for name, s in zip(params, opt_state["state"]) for k, v in s.items()})
-    meta = dict(metadata, version=CHECKPOINT_VERSION, optimizer={"t": opt_state["t"], "lr": opt_state["lr"]},
-                parameters=list(params))
+    stateless = [name for name, s in zip(params, opt_state["state"]) if not s]
+    meta = dict(metadata, version=CHECKPOINT_VERSION, parameters=list(params),
+                optimizer={"t": opt_state["t"], "lr": opt_state["lr"], "without_state": stateless})
+    if running:
+        loss_sum, norm_sum, stats, seen, n_batches = running
+        sums = {"loss_sum": loss_sum, "norm_sum": norm_sum, **{f"stats/{k}": v for k, v in stats.items()}}
+        arrays.update({f"running/{k}": np.asarray(backend.to_numpy(v)) for k, v in sums.items()})
+        meta["running"] = {"seen": seen, "n_batches": n_batches, "stats": list(stats)}
     arrays["metadata"] = np.array(json.dumps(to_json(meta), allow_nan=False))
     write_atomic(path, lambda f: np.savez(f, **arrays), mode="wb")
 
 
+def running_sums(ckpt, device):
+    """(loss sum, gradient-norm sum, {stat: sum}, samples, batches) of the evaluation interval a checkpoint
+    stopped in, on ``device``; zeros for a checkpoint taken at an evaluation (or none)."""
+    r = ckpt.get("running")
+    if not r:
+        return 0.0, 0.0, {}, 0, 0
+    sums = {k: backend.to_device(v, device) for k, v in ckpt["running_sums"].items()}
+    return sums["loss_sum"], sums["norm_sum"], {k: sums[f"stats/{k}"] for k in r["stats"]}, r["seen"], r["n_batches"]
+
+
+class Corrupted(UsageError):
+    """A checkpoint whose contents are not what minattn writes."""
+
+
+def _read_npz(path, only=None):
+    """The arrays of the .npz at ``path``, read without trusting it: a regular file only (a FIFO or a device
+    would block or never end), no pickles, and no member may declare more bytes than the file can hold
+    (np.savez stores members uncompressed; a zip bomb declares gigabytes in kilobytes), checked before any
+    array is allocated. ``only``: read just that member (e.g. "metadata.npy")."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise UsageError(f"no checkpoint at {path} to resume from") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise UsageError(f"checkpoint {path} is not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        try:
+            with zipfile.ZipFile(f) as z:
+                infos = z.infolist()
+                declared = sum(i.file_size for i in infos)
+                if declared > 2 * st.st_size + (1 << 20):
+                    raise Corrupted(f"checkpoint {path} is corrupted (its members declare {declared} bytes in a file "
+                                    f"of {st.st_size})")
+                arrays = {}
+                for info in infos:
+                    if only is not None and info.filename != only:
+                        continue
+                    with z.open(info) as m:
+                        version = np.lib.format.read_magic(m)
+                        read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                                       else np.lib.format.read_array_header_2_0)
+                        shape, _, dtype = read_header(m)
+                        if dtype.hasobject or int(np.prod(shape, dtype=object)) * dtype.itemsize > info.file_size:
+                            raise Corrupted(f"checkpoint {path} is corrupted (member {info.filename} is "
+                                            + ("pickled)" if dtype.hasobject else "larger than it says)"))
+                    with z.open(info) as m:
+                        arrays[info.filename[:-4] if info.filename.endswith(".npy") else info.filename] = \
+                            np.lib.format.read_array(m, allow_pickle=False)
+        except UsageError:
+            raise
+        except MemoryError:
+            raise Corrupted(f"checkpoint {path} is corrupted (an array too large for memory)") from None
+        except Exception as e:   # not a zip, a truncated file, a bad header: all the same to the user
+            raise Corrupted(f"checkpoint {path} is corrupted or unreadable ({e.__class__.__name__})") from None
+    return arrays
+
+
+def _number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+# what each metadata field must be (docs/checkpoints.md): a check, and its description for the message
+_METADATA_TYPES = {
+    "identity": (lambda v: isinstance(v, dict) and all(isinstance(v.get(k) or {}, dict) for k in ("model_config",
+                                                                                                  "options")),
+                 "an object"),
+    "config": (lambda v: isinstance(v, dict) and isinstance(v.get("model_config"), dict)
+               and isinstance(v.get("options") or {}, dict)
+               and all(isinstance(v.get(k), str) for k in ("task", "model", "preset")), "an object with task, model, "
+               "preset, model_config and options"),
+    "step": (lambda v: _int(v) and v >= 0, "a non-negative integer"),
+    "train_time": (lambda v: _number(v) and 0 <= v < float("inf"), "a non-negative number"),
+    "history": (lambda v: isinstance(v, list) and all(isinstance(h, dict) and _int(h.get("step")) for h in v),
+                "a list of log entries"),
+    "best": (lambda v: isinstance(v, dict) and (v.get("metric") is None or _number(v.get("metric")))
+             and isinstance(v.get("metrics"), dict) and (v.get("step") is None or _int(v.get("step"))),
+             "an object with metric, metrics and step"),
+    "optimizer": (lambda v: isinstance(v, dict) and _int(v.get("t")) and v["t"] >= 0 and _number(v.get("lr"))
+                  and isinstance(v.get("without_state", []), list), "an object with t and lr"),
+    "parameters": (lambda v: isinstance(v, list) and all(isinstance(n, str) for n in v) and len(set(v)) == len(v),
+                   "a list of distinct names"),
+}
+
+
 def load_checkpoint(path):
     """The checkpoint at ``path`` as a dict: its metadata, plus "model" and "selected" ({name: array}) and
-    "optimizer" (the optimizer's state_dict). Never unpickles: an old checkpoint.pkl is refused."""
+    "optimizer" (the optimizer's state_dict). Never unpickles: an old checkpoint.pkl is refused. Anything that
+    is not what save_checkpoint writes (a mistyped field, a parameter that is not finite float32, an array of
+    no parameter) is refused with a ``Corrupted`` error naming it."""
     old = os.path.join(os.path.dirname(path), "checkpoint.pkl")
     if not os.path.exists(path) and os.path.exists(old):
         raise UsageError(f"{os.path.dirname(path) or '.'} holds an old checkpoint.pkl, which is not loaded because "
                          f"unpickling runs any code the file carries; if you trust it, convert it once with: "
                          f"python train.py --convert {os.path.dirname(path) or '.'}")
+    arrays = _read_npz(path)
     try:
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
         ckpt = json.loads(str(arrays.pop("metadata")))
-    except FileNotFoundError:
-        raise UsageError(f"no checkpoint at {path} to resume from") from None
-    except Exception as e:   # not a zip, a truncated file, no "metadata", bad JSON: all the same to the user
-        raise UsageError(f"checkpoint {path} is corrupted or unreadable ({e.__class__.__name__})") from None
+    except Exception as e:   # no "metadata", or not JSON
+        raise Corrupted(f"checkpoint {path} is corrupted or unreadable ({e.__class__.__name__})") from None
     missing = [k for k in CHECKPOINT_METADATA if k not in ckpt] if isinstance(ckpt, dict) else ["all"]
-    if missing or ckpt["version"] != CHECKPOINT_VERSION:
+    if missing or ckpt["version"] != CHECKPOINT_VERSION or not _int(ckpt["version"]):
         raise UsageError(f"checkpoint {path} is not a minattn checkpoint of version {CHECKPOINT_VERSION}"
                          + (f" (it lacks {', '.join(missing)})" if missing else ""))
+    for key, (ok, what) in _METADATA_TYPES.items():
+        if not ok(ckpt[key]):
+            raise Corrupted(f"checkpoint {path} is corrupted ({key}: expected {what})")
+    last = ckpt.get("last", {})   # the last evaluation's metrics (absent in checkpoints written before them)
+    if not (isinstance(last, dict) and all(v is None or _number(v) for v in last.values())):
+        raise Corrupted(f"checkpoint {path} is corrupted (last: expected an object of metrics)")
+    names = ckpt.pop("parameters")
+    running = {k.split("/", 1)[1]: arrays.pop(k) for k in [k for k in arrays if k.startswith("running/")]}
+    r = ckpt.get("running")   # the sums of an evaluation interval in progress (a checkpoint on SIGTERM)
+    whole = isinstance(r, dict) and _int(r.get("seen")) and _int(r.get("n_batches")) and r["n_batches"] > 0 \
+        and isinstance(r.get("stats"), list) and set(running) == {"loss_sum", "norm_sum", *(f"stats/{k}" for k in
+                                                                                           r["stats"])} \
+        and all(v.ndim == 0 and v.dtype.kind in "fiu" and np.isfinite(v) for v in running.values())
+    if (r is not None or running) and not whole:
+        raise Corrupted(f"checkpoint {path} is corrupted (running: expected the sums of the interval in progress)")
+    for k, v in arrays.items():
+        kind, _, name = k.partition("/")
+        owner = name.rpartition("/")[0] if kind == "optimizer" else name
+        if kind not in ("model", "selected", "optimizer") or owner not in names:
+            raise Corrupted(f"checkpoint {path} is corrupted ({k}: an array of no parameter)")
+        if v.dtype != np.float32 or v.ndim == 0:   # train.py's parameters and Adam's moments are float32 arrays
+            raise Corrupted(f"checkpoint {path} is corrupted ({k}: {v.dtype} {v.shape}, expected float32 arrays)")
+        if not np.isfinite(v).all():
+            raise Corrupted(f"checkpoint {path} is corrupted ({k} is not finite)")
     part = {kind: {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith(kind + "/")}
             for kind in ("model", "selected", "optimizer")}
     state = [{k.rpartition("/")[2]: v for k, v in part["optimizer"].items() if k.rpartition("/")[0] == name}
-             for name in ckpt.pop("parameters")]
+             for name in names]
     return dict(ckpt, model=part["model"], selected=part["selected"] or None,
-                optimizer=dict(ckpt["optimizer"], state=state))
+                optimizer=dict(ckpt["optimizer"], state=state), parameters=names, running_sums=running)
+
+
+def check_resumable(ckpt, path):
+    """A resume continues bit for bit only with the optimizer's whole state: refuse a checkpoint whose state was
+    stripped (a common way to share weights, which --evaluate and --plot still read)."""
+    opt, names = ckpt["optimizer"], ckpt["parameters"]
+    if "without_state" in opt:   # written since the list was recorded: every other parameter has its state
+        lacking = [n for n, s in zip(names, opt["state"]) if not s and n not in opt["without_state"]]
+    else:                        # older: only a state stripped of every parameter can be told apart
+        lacking = names if opt["t"] and not any(opt["state"]) else []
+    if lacking:
+        raise UsageError(f"checkpoint {path} lacks the optimizer state of {len(lacking)} of {len(names)} parameters "
+                         f"(e.g. {lacking[0]}), so --resume could not continue exactly; --evaluate and --plot "
+                         "still read it")
+
+
+# --- settings by name: what --set may change, what a checkpoint's config holds ------------------------------
+
+def setting_types(task, model=None):
+    """{setting: int, float, bool or str}: what --set may change in a run of ``task`` with ``model`` (when known):
+    the fields of the run's config, of the task options and of the model's own."""
+    recipe = recipe_for(task)
+    types = field_types(recipe, model if model in recipe.models else next(iter(recipe.models)))
+    for name in ("task", "model", "preset"):   # not --set's to change
+        types.pop(name)
+    # a class, or its name under postponed annotations
+    return {k: {"int": int, "float": float, "bool": bool, "str": str}.get(getattr(t, "__name__", t), str)
+            for k, t in types.items()}
+
+
+def _bool(text):
+    if text.lower() not in ("true", "false", "1", "0"):
+        raise ValueError(text)
+    return text.lower() in ("true", "1")
+
+
+_EXPECTED = {"int": "an integer", "float": "a number", "bool": "true or false"}
+
+
+def _parse_value(key, text, task, model=None, allowed=None):
+    """--set values take the type of the field they override (in the model's own config when it is known)."""
+    types = setting_types(task, model)
+    kind = types.get(key)
+    if kind is None and allowed is not None:   # a trained run: name only what it takes
+        raise UsageError(f"{task} / {model} has no {key}; a trained run of it takes: "
+                         f"{', '.join(k for k in allowed if k in types) or 'no --set'}")
+    if kind is None:
+        raise UsageError(f"unknown setting {key!r} in --set; valid: {', '.join(sorted(types))}")
+    kind = kind.__name__
+    try:
+        return {"int": int, "float": float, "str": str, "bool": _bool}.get(kind, str)(text)
+    except ValueError:
+        raise UsageError(f"--set {key}={text}: expected {_EXPECTED.get(kind, kind)}") from None
+
+
+def parse_settings(items, task, model, allowed=None):
+    """--set KEY=VALUE strings → {key: typed value}. ``allowed``: the only keys taken (a trained run's)."""
+    settings = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise UsageError(f"--set expects KEY=VALUE, got {item!r}")
+        if key in ("task", "model", "preset"):   # they choose the settings --set changes, so they come first
+            raise UsageError(f"--set {item}: use --{key} {value} instead")
+        if allowed is not None and key not in allowed:
+            raise UsageError(f"--set {item}: a trained run takes only {', '.join(k + '=N' for k in allowed)}")
+        settings[key] = _parse_value(key, value, task, model, allowed)
+    return settings
+
+
+def saved_settings(ckpt, path):
+    """The checkpoint's configuration as flat {setting: value} (``settings``: any layout, older ones included),
+    each value checked against its setting's type and the whole against the checkpoint's identity: a mistyped or
+    edited configuration is refused here rather than failing later."""
+    config = ckpt["config"]
+    types = setting_types(config["task"], config["model"])
+    flat = settings(config)
+    ok = {int: _int, float: _number, bool: lambda v: isinstance(v, bool), str: lambda v: isinstance(v, str)}
+    for key, value in flat.items():
+        kind = types.get(key)
+        if kind is None and key not in ("task", "model", "preset"):
+            raise Corrupted(f"checkpoint {path} is corrupted (config.{key}: no such setting)")
+        if kind is not None and value is not None and not ok[kind](value):
+            what = {int: "an integer", float: "a number", bool: "true or false", str: "text"}[kind]
+            raise Corrupted(f"checkpoint {path} is corrupted (config.{key}: expected {what}, got {value!r:.40})")
+    for key in ("steps", "batch_size", "lr", "eval_every", "eval_batch_size"):   # as make_config has them: > 0
+        if flat.get(key) is not None and not flat[key] > 0:
+            raise Corrupted(f"checkpoint {path} is corrupted (config.{key}: {flat[key]}, not positive)")
+    rest = {k: v for k, v in flat.items() if k not in ("steps", "device", "eval_every", "eval_batch_size")}
+    if json.loads(json.dumps(rest)) != settings(ckpt["identity"]):
+        raise Corrupted(f"checkpoint {path} is corrupted (its config and identity disagree)")
+    return flat
+
+
+def resume_settings(out_dir, task=None, model=None, preset=None):
+    """The settings of the run saved in out_dir (task, model, preset and the rest, flat), for a --resume that
+    takes them from its checkpoint; a --task, --model or --preset given, and not the run's, is refused."""
+    path = os.path.join(out_dir, CHECKPOINT)
+    saved = saved_settings(load_checkpoint(path), path)
+    for flag, given in (("task", task), ("model", model), ("preset", preset)):
+        if given is not None and given != saved[flag]:
+            raise UsageError(f"{out_dir} holds a {saved['task']} / {saved['model']} run ({saved['preset']} preset), "
+                             f"not --{flag} {given}: a resume continues the run as it is (drop --{flag}, or choose "
+                             "another --out)")
+    saved.pop("device")
+    return saved
+
+
+def resume_check(cfg, out_dir):
+    """The checkpoint in out_dir, checked for a --resume with ``cfg``: whole (optimizer state included) and
+    written by this run; ``cfg.steps`` and ``cfg.eval_every`` None become the run's own."""
+    path = os.path.join(out_dir, CHECKPOINT)
+    ckpt = load_checkpoint(path)
+    check_resumable(ckpt, path)
+    saved = saved_settings(ckpt, path)
+    cfg.steps = saved["steps"] if cfg.steps is None else cfg.steps
+    cfg.eval_every = saved["eval_every"] if cfg.eval_every is None else cfg.eval_every
+    # compared setting by setting, so that a checkpoint whose config has the older layout (task options and
+    # schedule inside model_config) belongs to the same run
+    was, now = settings(ckpt["identity"]), settings(identity(cfg))
+    diff = sorted(k for k in was.keys() | now.keys() if was.get(k) != now.get(k))
+    if diff:
+        raise UsageError(f"checkpoint in {out_dir} was written by a different run (differs in: {', '.join(diff)}); "
+                         "nothing was overwritten")
+    if cfg.steps < ckpt["step"]:
+        raise UsageError(f"--steps {cfg.steps} is below step {ckpt['step']}, which {out_dir} has already reached")
+    return ckpt
 
 
 def convert(out_dir):
@@ -173,7 +597,7 @@ def read_log(path):
     """The entries of a metrics log, skipping lines that are not JSON objects with a step (a line torn by a
     kill, an edit)."""
     entries = []
-    with open(path) as f:
+    with open_regular(path) as f:
         for line in filter(str.strip, f):
             try:
                 entry = json.loads(line)
@@ -190,7 +614,7 @@ def repair_log(path, history, step):
     those are dropped with a warning (a missing log is rewritten from the checkpoint)."""
     lines = [json.dumps(h, allow_nan=False) + "\n" for h in history]
     try:
-        with open(path) as f:
+        with open_regular(path) as f:
             old = f.readlines()
     except FileNotFoundError:
         old = []
@@ -204,25 +628,67 @@ def repair_log(path, history, step):
 
 
 REPORT_FIELDS = ("task", "model", "preset", "seed", "steps", "metrics", "best_step", "wall_s", "ms_per_step", "config")
+_REPORT_TYPES = {"task": str, "model": str, "preset": str, "seed": int, "steps": int, "metrics": dict,
+                 "best_step": (int, type(None)), "wall_s": (int, float), "ms_per_step": (int, float, type(None)),
+                 "config": dict}
 
 
 def finished_run(d):
-    """(results, learning curve) of the finished run in d; a UsageError says why d is not one."""
+    """(results, learning curve, status) of the run in d: status is None for a finished run, else what marks
+    its row ("diverged at step k", "unfinished: step k of n"); a UsageError says why d holds no run to show."""
     try:
-        with open(os.path.join(d, "results.json")) as f:
+        with open_regular(os.path.join(d, "results.json")) as f:
             r = json.load(f)
     except FileNotFoundError:
-        raise UsageError(f"{d} has no results.json (not a run directory, or the run is not finished)") from None
+        return _unfinished_run(d)
     except (OSError, ValueError) as e:
         raise UsageError(f"{d} does not hold a readable run ({e.__class__.__name__}: {e})") from None
     missing = set(REPORT_FIELDS) - set(r if isinstance(r, dict) else ())
     if missing:
         raise UsageError(f"{d}: results.json lacks {', '.join(sorted(missing))}")
+    wrong = [k for k, kind in _REPORT_TYPES.items() if not isinstance(r[k], kind) or isinstance(r[k], bool)]
+    wrong += [f"metrics.{k}" for k, v in r["metrics"].items() if v is not None and not _number(v)]
+    wrong += [f"config.{k}" for k in ("model_config", "options") if not isinstance(r["config"].get(k) or {}, dict)]
+    if wrong:
+        raise UsageError(f"{d}: results.json is malformed ({', '.join(wrong)} of the wrong type)")
     try:
         log = read_log(os.path.join(d, "metrics.jsonl"))
     except OSError:
         log = []
-    return r, log
+    status = f"diverged at step {r['diverged_at']}" if "diverged_at" in r else None
+    if status is None and os.path.isfile(os.path.join(d, CHECKPOINT)):   # resumed since, and stopped again?
+        with contextlib.suppress(UsageError):
+            step = _checkpoint_metadata(os.path.join(d, CHECKPOINT)).get("step")
+            if _int(step) and step > r["steps"]:
+                status = f"unfinished: step {step}, results of step {r['steps']}"
+    return r, log, status
+
+
+def _checkpoint_metadata(path):
+    meta = json.loads(str(_read_npz(path, only="metadata.npy")["metadata"]))
+    if not isinstance(meta, dict):
+        raise Corrupted(f"checkpoint {path} is corrupted (its metadata is not an object)")
+    return meta
+
+
+def _unfinished_run(d):
+    """A run that has checkpointed but not finished: its row, from the checkpoint's metadata and last evaluation."""
+    if not os.path.isfile(os.path.join(d, CHECKPOINT)):
+        raise UsageError(f"{d} has no results.json (not a run directory, or the run is not finished)")
+    meta = _checkpoint_metadata(os.path.join(d, CHECKPOINT))
+    cfg, history = meta.get("config"), meta.get("history")
+    if not (isinstance(cfg, dict) and isinstance(history, list) and history and isinstance(history[-1], dict)
+            and all(isinstance(cfg.get(k) or {}, dict) for k in ("model_config", "options"))
+            and all(isinstance(cfg.get(k), t) for k, t in (("task", str), ("model", str), ("preset", str),
+                                                           ("seed", int), ("steps", int)))):
+        raise UsageError(f"{d} has no results.json, and its checkpoint does not say how far the run got")
+    last = history[-1]
+    # the metrics of the last evaluation, as the recipe named them ("last"; older checkpoints: the log's numbers)
+    metrics = meta["last"] if isinstance(meta.get("last"), dict) else older_metrics({"metrics": {}}, history)
+    r = {"task": cfg["task"], "model": cfg["model"], "preset": cfg["preset"], "seed": cfg["seed"],
+         "steps": last.get("step"), "config": cfg, "best_step": None, "wall_s": last.get("wall_s") or 0,
+         "ms_per_step": None, "metrics": {k: v for k, v in metrics.items() if _number(v)}}
+    return r, [h for h in history if isinstance(h, dict)], f"unfinished: step {last.get('step')} of {cfg['steps']}"
 
 
 def _cell(v):
@@ -232,15 +698,21 @@ def _cell(v):
 
 
 def report(paths):
-    """Markdown table of finished runs (their results.json) and each run's learning curve. Directories that
-    hold no finished run are skipped with a warning; a run is counted once, however often it is listed or
-    copied: runs with one configuration (seed included; device aside) are one run, as training is deterministic."""
+    """Markdown table of runs (their results.json) and each run's learning curve. Diverged and unfinished runs
+    get a row marked so, and are left out of the means over seeds and sizes. Directories that hold no run are
+    skipped with a warning, and so is one whose files are malformed; a run is counted once, however often it is
+    listed or copied: runs with one configuration (seed included; device aside) are one run, as training is
+    deterministic."""
     rows, curves, groups, seen = [], [], {}, {}
     for d in paths:
         try:
-            r, log = finished_run(d)
+            r, log, status = finished_run(d)
+            row, curve = _report_row(d, r, log, status)
         except UsageError as e:
             print(f"warning: skipped: {e}", file=sys.stderr)
+            continue
+        except Exception as e:   # anything else one directory holds must not cost the others their report
+            print(f"warning: skipped {d}: its results cannot be read ({e.__class__.__name__}: {e})", file=sys.stderr)
             continue
         config = settings(r["config"])
         run_key = json.dumps({k: v for k, v in config.items() if k != "device"}, sort_keys=True)
@@ -248,41 +720,54 @@ def report(paths):
             print(f"warning: skipped {d}: the same run as {seen[run_key]}", file=sys.stderr)
             continue
         seen[run_key] = d
-        m = ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in r["metrics"].items())
-        # the data options that tell runs of one task apart
-        data = ", ".join(f"{k} {config[k]}" for k in ("split", "train_size", "searches", "retrievals") if config.get(k))
-        task = f"{r['task']} ({data}{', ood' if config.get('ood') else ''})" if data else r["task"]
-        rows.append(f"| {task} | {r['model']} | {r['preset']} | {r['seed']} | {r['steps']} | {m} | "
-                    f"{r['best_step']} | {r['wall_s'] / 60:.1f} min | {r['ms_per_step'] or 0:.0f} | {d} |")
+        rows.append(row)
         # runs that differ only in their seed (and device) are seeds of one experiment
         same = json.dumps({k: v for k, v in config.items() if k not in ("seed", "device")}, sort_keys=True)
-        groups.setdefault(same, (task, r, []))[2].append(r)
-        if not log:
+        groups.setdefault(same, (row.split(" | ")[0][2:], r, [], []))[3 if status else 2].append((r, status))
+        if curve is None:
             print(f"warning: {d} has no readable metrics.jsonl: no learning curve", file=sys.stderr)
-            continue
-        keys = [k for k in log[-1] if k not in ("step", "wall_s")]
-        curves.append(f"\n{r['task']} / {r['model']} (seed {r['seed']}, {d}):\n\n| step | " + " | ".join(keys) +
-                      " |\n|" + "---|" * (len(keys) + 1) + "\n" +
-                      "\n".join(f"| {e['step']} | " + " | ".join(_cell(e.get(k)) for k in keys) + " |" for e in log))
+        else:
+            curves.append(curve)
     if not rows:
         raise UsageError("none of the directories holds a finished run")
     print("| task | model | preset | seed | steps | metrics | best step | train time | ms/step | run directory |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
-    seeded = [(task, r, runs) for task, r, runs in groups.values() if len(runs) > 1]
+    seeded = [(task, r, runs, out) for task, r, runs, out in groups.values() if len(runs) > 1]
     if seeded:   # the papers report mean ± std over seeds; std here is the sample std (n − 1)
-        print("\nOver seeds (mean ± sample std):\n\n| task | model | preset | steps | seeds | metrics |\n"
-              "|---|---|---|---|---|---|")
-        for task, r, runs in seeded:
-            values = {k: [x["metrics"].get(k) for x in runs] for k in r["metrics"]}
+        print("\nOver seeds (mean ± sample std; diverged and unfinished runs left out):\n\n"
+              "| task | model | preset | steps | seeds | metrics |\n|---|---|---|---|---|---|")
+        for task, r, runs, out in seeded:
+            values = {k: [x["metrics"].get(k) for x, _ in runs] for k in r["metrics"]}
             m = ", ".join(f"{k} {np.mean(v):.3f} ± {np.std(v, ddof=1):.3f}" for k, v in values.items()
                           if all(isinstance(x, float) for x in v))
-            print(f"| {task} | {r['model']} | {r['preset']} | {r['steps']} | "
-                  f"{', '.join(str(x['seed']) for x in runs)} | {m} |")
-    size_curves = _size_curves([run for _, _, runs in groups.values() for run in runs])
+            left = "".join(f" (seed {x['seed']} left out: {status})" for x, status in out)
+            print(f"| {task} | {r['model']} | {r['preset']} | {runs[0][0]['steps']} | "
+                  f"{', '.join(str(x['seed']) for x, _ in runs)}{left} | {m} |")
+    size_curves, warnings = _size_curves([run for _, _, runs, _ in groups.values() for run, _ in runs])
     if size_curves:
+        for w in warnings:
+            print(w, file=sys.stderr)
         print(size_curves)
     print("\n".join(curves))
+
+
+def _report_row(d, r, log, status):
+    """The run's row of the table and its learning curve (None without a log)."""
+    m = ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in r["metrics"].items())
+    config = settings(r["config"])   # the data options that tell runs of one task apart
+    data = ", ".join(f"{k} {config[k]}" for k in ("split", "train_size", "searches", "retrievals") if config.get(k))
+    task = f"{r['task']} ({data}{', ood' if config.get('ood') else ''})" if data else r["task"]
+    steps = f"{r['steps']} ({status})" if status else r["steps"]
+    row = (f"| {task} | {r['model']} | {r['preset']} | {r['seed']} | {steps} | {m} | "
+           f"{'' if r['best_step'] is None else r['best_step']} | {r['wall_s'] / 60:.1f} min | "
+           f"{r['ms_per_step'] or 0:.0f} | {d} |")
+    if not log:
+        return row, None
+    keys = [k for k in log[-1] if k not in ("step", "wall_s")]
+    return row, (f"\n{r['task']} / {r['model']} (seed {r['seed']}, {d}):\n\n| step | " + " | ".join(keys) +
+                 " |\n|" + "---|" * (len(keys) + 1) + "\n" +
+                 "\n".join(f"| {e['step']} | " + " | ".join(_cell(e.get(k)) for k in keys) + " |" for e in log))
 
 
 SIZE_CURVE_FREE = ("seed", "device", "steps", "eval_every")   # what a learning curve's points may differ in
@@ -292,8 +777,8 @@ def _size_curves(runs):
     """Markdown table of the test metric over the training-set size (mean over seeds, their number in
     brackets), one row per experiment, when one of them was run at two sizes or more: the learning curves of
     the Abstractor paper's figures. Settings other than the seed and the size that tell two rows of one model
-    apart (e.g. ``init keras``) are named in the row."""
-    rows = {}
+    apart (e.g. ``init keras``) are named in the row. Returns (the table or "", its warnings)."""
+    rows, warnings = {}, []
     for r in runs:
         # the run's identity (as in the rows above): its settings by name
         cfg = {**settings(r["config"]), "task": r["task"], "model": r["model"], "preset": r["preset"]}
@@ -305,12 +790,13 @@ def _size_curves(runs):
     for key, curve in rows.items():
         for size, cell in curve.items():
             if len({steps for steps, _ in cell}) > 1:
-                print(f"warning: the learning curve of {json.loads(key)['model']} averages runs of {size} examples "
-                      f"with different step counts ({sorted({steps for steps, _ in cell}, key=str)})", file=sys.stderr)
+                counts = sorted({steps for steps, _ in cell}, key=str)
+                warnings.append(f"warning: the learning curve of {json.loads(key)['model']} averages runs of {size} "
+                                f"examples with different step counts ({counts})")
             curve[size] = [test for _, test in cell]
     rows = [(json.loads(k), curve) for k, curve in rows.items()]
     if all(len(curve) < 2 for _, curve in rows):   # no run spans sizes: the tables above say it all
-        return ""
+        return "", []
     sizes = sorted({n for _, curve in rows for n in curve})
     out = ["\nTest over the training-set size (mean over seeds, their number in brackets):\n",
            "| task | model | preset | settings | " + " | ".join(map(str, sizes)) + " |",
@@ -321,4 +807,4 @@ def _size_curves(runs):
                            if any(c.get(k) != cfg.get(k) for c in twins))
         out.append(f"| {cfg['task']} | {cfg['model']} | {cfg['preset']} | {differ} | " + " | ".join(
             f"{np.mean(curve[n]):.3f} ({len(curve[n])})" if n in curve else "" for n in sizes) + " |")
-    return "\n".join(out)
+    return "\n".join(out), warnings

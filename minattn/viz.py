@@ -21,6 +21,7 @@ Collectors move data to the host explicitly, with one ``backend.to_numpy`` per p
 prediction shown in a title), so they run unchanged on a GPU.
 """
 import contextlib
+import io
 import math
 import os
 import shutil
@@ -440,7 +441,12 @@ def save_png(picture, path):
     for ax in axes[len(picture.panels):]:
         ax.set_visible(False)
     fig.suptitle("\n".join(_title_lines(picture, figure_inches(picture)[0])), fontsize=9)
-    fig.savefig(path, dpi=DPI)
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=DPI, format="png")
+    if os.path.islink(path):   # a link in a shared run directory is replaced, never written through
+        os.unlink(path)
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666), "wb") as f:
+        f.write(buf.getvalue())
     return path
 
 

@@ -12,8 +12,11 @@ REQUIRE_GPU = os.environ.get("MINATTN_REQUIRE_GPU") == "1"
 def _skip_or_fail_without_gpu():
     if backend.gpu_available():
         return
-    if REQUIRE_GPU:
-        pytest.fail("MINATTN_REQUIRE_GPU=1 but no usable CuPy/GPU: " + backend.GPU_HINT)
+    if REQUIRE_GPU:   # the cause itself (CuPy missing, no driver, a missing CUDA library), not a generic hint
+        try:
+            backend.get_xp("gpu")
+        except backend.DeviceError as e:
+            pytest.fail(f"MINATTN_REQUIRE_GPU=1 but the GPU is not usable: {e}")
     pytest.skip("no CUDA GPU (set MINATTN_REQUIRE_GPU=1 to make this a failure)")
 
 

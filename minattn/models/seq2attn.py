@@ -156,9 +156,8 @@ class Seq2Attn(Module):
             state = [(p[2 * i], p[2 * i + 1]) for i in range(len(p) // 2)] if self.decoder.lstm else list(p)
         gold = None
         if tgt is not None and teacher_forcing > 0:
-            if teacher_forcing < 1 and self.rng is None:
-                raise ValueError("teacher forcing draws need an RNG: call model.set_rng(backend.RNG(seed, device))")
-            gold = self.rng.uniform((B,)) < teacher_forcing if teacher_forcing < 1 else xp.ones(B, dtype=bool)
+            rng = self.rng if self.rng is not None else backend.default_rng(backend.device_of(src))
+            gold = rng.uniform((B,)) < teacher_forcing if teacher_forcing < 1 else xp.ones(B, dtype=bool)
         prev = xp.full((B,), self.sos_id, dtype=src.dtype)
         logits, weights = [], []
         for t in range(steps):

@@ -171,6 +171,14 @@ def fields(cls):
     return [f.name for f in dataclasses.fields(cls)] if cls is not None else []
 
 
+def field_types(recipe, model):
+    """{setting: its type} of a run of ``recipe`` with ``model``: the run's fields, the task options' and the
+    model's, from their classes (no preset is built)."""
+    classes = [RunConfig, recipe.Options, recipe.model_config_class(model)]
+    return {f.name: f.type for cls in classes if cls is not None for f in dataclasses.fields(cls)
+            if f.name not in ("model_config", "options")}
+
+
 class Recipe:
     """The interface train() relies on (see the module docstring)."""
     tasks = ()                       # task names this recipe trains
@@ -265,7 +273,7 @@ def older_metrics(best, history):
     def metrics(entry):
         return {k: v for k, v in entry.items() if k not in ("step", "wall_s", "train_loss")
                 and not k.startswith(("train_", "gate"))}
-    final = next((h for h in reversed(history) if h["train_loss"] is not None), {})   # not a diverged one
+    final = next((h for h in reversed(history) if h.get("train_loss") is not None), {})   # not a diverged one
     best["metrics"] = metrics(best["metrics"])
     return metrics(final)
 
