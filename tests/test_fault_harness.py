@@ -269,6 +269,10 @@ def _crafted(marker):
         "d_model 10^6 (config and identity)": meta_edit(lambda m: [d["model_config"].update(d_model=10 ** 6)
                                                                      for d in (m["config"], m["identity"])] and None),
         "d_model 10^6 (config only)": setter("config.model_config.d_model", 10 ** 6),
+        "options a list": setter("config.options", [1]), "last a list": setter("last", [1]),
+        "last with a string metric": setter("last", {"valid": "x"}),
+        "an option ctl does not take": meta_edit(lambda m: [d.update(options={"train_size": 5})
+                                                             for d in (m["config"], m["identity"])] and None),
         "history of strings": setter("history", ["a"]), "history an int": setter("history", 5),
         "best a list": setter("best", [1]), "step -3": setter("step", -3), "step '200'": setter("step", "200"),
         "train_time a string": setter("train_time", "x"), "optimizer.t a string": setter("optimizer.t", "x"),

@@ -238,6 +238,12 @@ CRAFTED = {   # name: (edit of the metadata, edit of the arrays, what the one li
     "NaN weights": (None, _fill(np.nan), "is not finite"),
     "inf weights": (None, _fill(np.inf), "is not finite"),
     "an array of no parameter": (None, lambda a: a.update({"model/evil": np.zeros(3, np.float32)}), "of no parameter"),
+    # the layout of issue 29: task options beside model_config, the last evaluation's metrics kept apart
+    "options a list": (_set("config.options", [1]), None, "config: expected"),
+    "an option ctl does not take": (lambda m: [d.update(options={"train_size": 5}) for d in (m["config"], m["identity"])],
+                                    None, "config.train_size: no such setting"),
+    "last a list": (_set("last", [1]), None, "last: expected"),
+    "last with a string metric": (_set("last", {"valid": "x"}), None, "last: expected"),
 }
 
 
@@ -373,6 +379,21 @@ def test_an_unused_set_field_on_a_trained_run_names_only_what_it_takes(tmp_path,
                    "eval_batch_size\n")
 
 
+def test_a_run_with_task_options_resumes_by_its_settings(tmp_path, capsys):
+    """The task options (RunConfig.options, issue 29) are settings of the run like the model's: a resume, its
+    --show-config and its identity check read them by name from the checked checkpoint."""
+    out = str(tmp_path / "pair")
+    assert run(["--task", "pairwise", "--model", "abstractor-simplified", "--train-size", "20", "--steps", "2",
+                "--eval-every", "2", "--no-progress", "--out", out], capsys)[0] == 0
+    assert train.main(["--show-config", "--resume", out, "--steps", "4"]) == 0
+    assert "* train_size = 20   [2015]" in capsys.readouterr().out
+    code, err = run(["--resume", out, "--steps", "4", "--set", "train_size=30", "--no-progress"], capsys)
+    one_line_error(code, err)
+    assert "different run (differs in: train_size)" in err
+    code, err = run(["--resume", out, "--steps", "4", "--no-progress"], capsys)
+    assert code == 0 and json.load(open(os.path.join(out, "results.json")))["steps"] == 4, err
+
+
 def test_an_empty_example_is_refused(fresh, capsys):
     for text in ("", "   "):
         code, err = run(["--plot", "--out", fresh, "--example", text], capsys)
@@ -469,6 +490,7 @@ def test_report_marks_diverged_and_unfinished_runs_and_leaves_them_out_of_the_me
 
 
 @pytest.mark.parametrize("broken", [{"config": []}, {"config": {"model_config": "x"}}, {"metrics": [1, 2]},
+                                    {"config": {"model_config": {}, "options": "x"}},
                                     {"wall_s": None}, {"seed": "0", "steps": "x"}])
 def test_report_skips_a_malformed_results_json_and_shows_the_rest(broken, tmp_path, capsys):
     good = _results(str(tmp_path / "good"), 1, 0.7, steps=60)
