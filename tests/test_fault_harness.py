@@ -18,6 +18,7 @@ import pickle
 import random
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -187,9 +188,12 @@ def _crafted(marker):
         with open(path, "rb") as f:
             return f.read()
 
-    def flip(path):
-        data = bytearray(bytes_of(path))
-        data[len(data) // 2] ^= 0x10
+    def flip(path):   # in the middle of the largest member's data, which its CRC-32 covers (the middle of the
+        data = bytearray(bytes_of(path))   # file can fall in a header field no reader checks, e.g. zip64's extra)
+        with zipfile.ZipFile(io.BytesIO(bytes(data))) as z:
+            info = max(z.infolist(), key=lambda i: i.file_size)
+        name_len, extra_len = struct.unpack("<HH", data[info.header_offset + 26:info.header_offset + 30])
+        data[info.header_offset + 30 + name_len + extra_len + info.compress_size // 2] ^= 0x10
         return bytes(data)
 
     def replace_file(make):
