@@ -691,6 +691,11 @@ def _unfinished_run(d):
     return r, [h for h in history if isinstance(h, dict)], f"unfinished: step {last.get('step')} of {cfg['steps']}"
 
 
+def _two_se(values):
+    """Twice the standard error of the mean (sample std / √n): a mean ± this is the usual ~95% interval."""
+    return 2 * np.std(values, ddof=1) / np.sqrt(len(values))
+
+
 def _cell(v):
     """A learning-curve entry: floats to 4 decimals (an accuracy 1/12 is 0.0833), a missing or diverged one
     (None) empty."""
@@ -735,14 +740,15 @@ def report(paths):
     print("\n".join(rows))
     seeded = [(task, r, runs, out) for task, r, runs, out in groups.values() if len(runs) > 1]
     if seeded:   # the papers report mean ± std over seeds; std here is the sample std (n − 1)
-        print("\nOver seeds (mean ± sample std; diverged and unfinished runs left out):\n\n"
+        print("\nOver seeds (mean ± sample std, and twice the standard error of the mean; diverged and unfinished "
+              "runs left out; steps: the budget, which early stopping may cut):\n\n"
               "| task | model | preset | steps | seeds | metrics |\n|---|---|---|---|---|---|")
         for task, r, runs, out in seeded:
             values = {k: [x["metrics"].get(k) for x, _ in runs] for k in r["metrics"]}
-            m = ", ".join(f"{k} {np.mean(v):.3f} ± {np.std(v, ddof=1):.3f}" for k, v in values.items()
-                          if all(isinstance(x, float) for x in v))
+            m = ", ".join(f"{k} {np.mean(v):.3f} ± {np.std(v, ddof=1):.3f} (2 s.e. {_two_se(v):.3f})"
+                          for k, v in values.items() if all(isinstance(x, float) for x in v))
             left = "".join(f" (seed {x['seed']} left out: {status})" for x, status in out)
-            print(f"| {task} | {r['model']} | {r['preset']} | {runs[0][0]['steps']} | "
+            print(f"| {task} | {r['model']} | {r['preset']} | {settings(r['config'])['steps']} | "
                   f"{', '.join(str(x['seed']) for x, _ in runs)}{left} | {m} |")
     size_curves, warnings = _size_curves([run for _, _, runs, _ in groups.values() for run, _ in runs])
     if size_curves:
@@ -770,6 +776,12 @@ def _report_row(d, r, log, status):
                  "\n".join(f"| {e['step']} | " + " | ".join(_cell(e.get(k)) for k in keys) + " |" for e in log))
 
 
+def _mean_cell(values):
+    """A size-curve cell: the mean, ± twice its standard error over two seeds or more, the number of seeds."""
+    spread = f" ± {_two_se(values):.3f}" if len(values) > 1 else ""
+    return f"{np.mean(values):.3f}{spread} ({len(values)})"
+
+
 SIZE_CURVE_FREE = ("seed", "device", "steps", "eval_every")   # what a learning curve's points may differ in
 
 
@@ -786,19 +798,21 @@ def _size_curves(runs):
         if size and isinstance(r["metrics"].get("test"), float):
             # the step count follows from the size (epochs of it), so it does not tell curves apart
             key = json.dumps({k: v for k, v in cfg.items() if k not in SIZE_CURVE_FREE}, sort_keys=True)
-            rows.setdefault(key, {}).setdefault(size, []).append((r["steps"], r["metrics"]["test"]))
+            # the budget, not the steps run: early stopping is part of a protocol, not another budget
+            rows.setdefault(key, {}).setdefault(size, []).append((cfg.get("steps"), r["metrics"]["test"]))
     for key, curve in rows.items():
         for size, cell in curve.items():
             if len({steps for steps, _ in cell}) > 1:
                 counts = sorted({steps for steps, _ in cell}, key=str)
                 warnings.append(f"warning: the learning curve of {json.loads(key)['model']} averages runs of {size} "
-                                f"examples with different step counts ({counts})")
+                                f"examples with different step budgets ({counts})")
             curve[size] = [test for _, test in cell]
     rows = [(json.loads(k), curve) for k, curve in rows.items()]
     if all(len(curve) < 2 for _, curve in rows):   # no run spans sizes: the tables above say it all
         return "", []
     sizes = sorted({n for _, curve in rows for n in curve})
-    out = ["\nTest over the training-set size (mean over seeds, their number in brackets):\n",
+    out = ["\nTest over the training-set size (mean over seeds ± twice its standard error, the number of seeds "
+           "in brackets):\n",
            "| task | model | preset | settings | " + " | ".join(map(str, sizes)) + " |",
            "|---|---|---|---|" + "---|" * len(sizes)]
     for cfg, curve in sorted(rows, key=lambda row: (row[0]["task"], row[0]["model"], json.dumps(row[0]))):
@@ -806,5 +820,5 @@ def _size_curves(runs):
         differ = ", ".join(f"{k} {cfg.get(k)}" for k in sorted({k for c in twins for k in c})
                            if any(c.get(k) != cfg.get(k) for c in twins))
         out.append(f"| {cfg['task']} | {cfg['model']} | {cfg['preset']} | {differ} | " + " | ".join(
-            f"{np.mean(curve[n]):.3f} ({len(curve[n])})" if n in curve else "" for n in sizes) + " |")
+            _mean_cell(curve[n]) if n in curve else "" for n in sizes) + " |")
     return "\n".join(out), warnings

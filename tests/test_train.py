@@ -230,7 +230,8 @@ def test_report_gives_mean_and_std_over_the_seeds_of_one_experiment(tmp_path, ca
     test = [json.load(open(os.path.join(d, "results.json")))["metrics"]["test"] for d in dirs]
     assert len(set(test)) > 1   # the seeds differ, so the std below is not trivially 0
     assert len(seeded) == 1 and "| 2 | 0, 1, 2 | " in seeded[0]
-    assert f"test {np.mean(test):.3f} ± {np.std(test, ddof=1):.3f}" in seeded[0]
+    assert (f"test {np.mean(test):.3f} ± {np.std(test, ddof=1):.3f} "
+            f"(2 s.e. {2 * np.std(test, ddof=1) / np.sqrt(3):.3f})") in seeded[0]
 
 
 def test_report_draws_the_learning_curve_over_the_training_set_size(tmp_path, capsys):
@@ -248,8 +249,29 @@ def test_report_draws_the_learning_curve_over_the_training_set_size(tmp_path, ca
     test = {k: json.load(open(os.path.join(d, "results.json")))["metrics"]["test"] for k, d in dirs.items()}
     assert test["default", 20, 0] != test["default", 20, 1]   # so the mean is not either seed's
     assert "| task | model | preset | settings | 20 | 40 | 60 |" in table
-    default = np.mean([test["default", 20, 0], test["default", 20, 1]])
-    assert (f"| pairwise | abstractor-simplified | cpu | init default | {default:.3f} (2) | "
+    two = [test["default", 20, 0], test["default", 20, 1]]
+    default = f"{np.mean(two):.3f} ± {2 * np.std(two, ddof=1) / np.sqrt(2):.3f}"   # ± 2 s.e. of the mean
+    assert (f"| pairwise | abstractor-simplified | cpu | init default | {default} (2) | "
             f"{test['default', 40, 0]:.3f} (1) | {test['default', 60, 0]:.3f} (1) |") in table
     # a one-size twin gets its row too, so that the curve above is not mistaken for the default
     assert f"| pairwise | abstractor-simplified | cpu | init keras | {test['keras', 20, 0]:.3f} (1) |  |  |" in table
+
+
+def test_report_size_curve_cells_mix_no_budgets_but_early_stops(tmp_path, capsys):
+    """Runs that stopped early at different steps are one cell without a warning (early stopping is the
+    protocol); runs with another step budget are warned about."""
+    base = ["--task", "pairwise", "--model", "abstractor-simplified", "--eval-every", "1", "--no-progress",
+            "--set", "patience=2", "--lr", "0.01"]
+    dirs = [str(tmp_path / f"n{n}-s{s}") for n in (20, 40) for s in (0, 1)]
+    for d in dirs:
+        n, s = d.split("/")[-1][1:].split("-s")
+        assert run(base + ["--train-size", n, "--seed", s, "--out", d], capsys)[0] == 0
+    steps = {json.load(open(os.path.join(d, "results.json")))["steps"] for d in dirs}
+    assert len(steps) > 1   # early stopping ended the runs at different steps
+    assert train.main(["--report", *dirs]) == 0
+    captured = capsys.readouterr()
+    assert "Test over the training-set size" in captured.out and "averages runs of" not in captured.err
+    other = str(tmp_path / "longer")
+    assert run(base + ["--train-size", "20", "--seed", "2", "--steps", "7", "--out", other], capsys)[0] == 0
+    assert train.main(["--report", *dirs, other]) == 0
+    assert "averages runs of 20 examples with different step budgets ([100, 7])" in capsys.readouterr().err
