@@ -1,0 +1,392 @@
+"""Every definition pinned by the paper's equation (issue 31 item 1), continued: CoDA, the Abstractor
+architectures, seq2attn and compositional attention. As in tests/test_definitions.py: random float64
+parameters, small random inputs, the equation in plain NumPy (tests/defs_reference.py), loops where clearer.
+"""
+import math
+
+import numpy as np
+import pytest
+
+from minattn.attention.additive import AdditiveAttention
+from minattn.attention.coda import COMPOSITIONS, CoDAttention, PairwiseCoDA
+from minattn.attention.compositional import CompositionalAttention
+from minattn.attention.relational import RelationalCrossAttention
+from minattn.backend import RNG
+from minattn.engine import Tensor, eval_mode
+from minattn.models.abstractor import (Abstractor, AbstractorConfig, AbstractorLayer, AbstractorSeq2Seq,
+                                       RelationalClassifier, SimplifiedConfig)
+from minattn.models.seq2attn import Seq2Attn, model_config
+
+from . import defs_reference as ref
+from .defs_reference import arr
+from .test_definitions import TOL, X, out, randomize
+
+MASK5 = np.array([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], bool)
+
+# --- CoDA (Tay et al. 2019) ---------------------------------------------------------------------------------
+
+F_E = {"tanh": np.tanh, "sigmoid": ref.sigmoid}
+F_N = {"sigmoid": ref.sigmoid, "tanh": np.tanh, "arctan": lambda n: np.arctan(n) * 2 / math.pi,
+       "algebraic": lambda n: n / np.sqrt(1 + n * n)}
+
+
+def quasi_reference(E, N, ok, stats, gate, center_e, composition, row_mean):
+    """CoDA Eqs. 3-6 and Table 9 for one (sample, head) matrix: M = F_X(E) ⊙ gate(N) on the allowed entries,
+    0 elsewhere. Eq. 5 ("scaled"): 2σ(N) (the 2 undoes σ(0) = ½; a Table 9 F_Y other than σ is used as it is);
+    Eq. 4 ("centered"): F_Y(N − Mean(N)); Eq. 6: E − Mean(E). Mean(·) over the entries in ``stats``: of the
+    matrix, or of each query row."""
+    f_e, f_n = (fns[name] for fns, name in zip((F_E, F_N), composition.split("-")))
+
+    def centred(Z):
+        Z = Z.copy()
+        rows = [np.arange(Z.shape[0])] if not row_mean else [[i] for i in range(Z.shape[0])]
+        for r in rows:
+            sel = stats[r]
+            mean = Z[r][sel].mean() if sel.any() else 0.0
+            Z[r] = Z[r] - mean
+        return Z
+
+    if center_e:
+        E = centred(E)
+    if gate == "centered":
+        g = f_n(centred(N))
+    else:
+        g = 2 * ref.sigmoid(N) if f_n is ref.sigmoid else f_n(N)
+    return np.where(ok, f_e(E) * g, 0.0)
+
+
+def coda_reference(m, x, key_mask, causal, alpha, beta, gate, center_e, composition, row_mean, scale=True):
+    """CoDA in the Transformer (Eq. 10), head by head: E = α Q Kᵀ/√d_k, N = −β ‖q_i − k_j‖₁/√d_k,
+    Out = Concat_h(M_h V_h) W_o with M from ``quasi_reference``; Mean(·) counts real keys and real queries."""
+    B, T, _ = x.shape
+    H, dh = m.n_head, m.d_head
+    inner = H * dh
+    q = x @ arr(m.w_q) + (0 if m.b_q is None else arr(m.b_q))
+    kv = x @ arr(m.w_kv) + (0 if m.b_kv is None else arr(m.b_kv))
+    k, v = kv[..., :inner], kv[..., inner:]
+    s = 1 / math.sqrt(dh) if scale else 1.0
+    ok = ref.allowed(B, T, T, key_mask, causal)
+    heads = np.zeros((B, T, inner))
+    for b in range(B):
+        stats = ok[b] & (key_mask[b][:, None] if key_mask is not None else True)
+        for h in range(H):
+            sl = slice(h * dh, (h + 1) * dh)
+            E = np.array([[alpha * s * (q[b, i, sl] @ k[b, j, sl]) for j in range(T)] for i in range(T)])
+            N = np.array([[-beta * s * np.abs(q[b, i, sl] - k[b, j, sl]).sum() for j in range(T)] for i in range(T)])
+            M = quasi_reference(E, N, ok[b], stats, gate, center_e, composition, row_mean)
+            heads[b, :, sl] = M @ v[b, :, sl]
+    return ref.linear(m.out, heads)
+
+
+@pytest.mark.parametrize("composition", COMPOSITIONS)
+@pytest.mark.parametrize("gate,center_e,row_mean", [("scaled", False, False), ("centered", False, False),
+                                                    ("centered", True, False), ("centered", True, True)])
+def test_coda_is_eq_10_with_every_table_9_composition(composition, gate, center_e, row_mean):
+    m = randomize(CoDAttention(6, 2, alpha=0.7, beta=0.4, gate=gate, center_e=center_e, composition=composition,
+                               row_mean=row_mean, bias=True))
+    x = X(2, 5, 6)
+    want = coda_reference(m, x, MASK5, False, 0.7, 0.4, gate, center_e, composition, row_mean)
+    np.testing.assert_allclose(out(m(Tensor(x), key_mask=MASK5)), want, **TOL)
+
+
+@pytest.mark.parametrize("gate", ["scaled", "centered"])
+def test_coda_causal_and_unscaled(gate):
+    """The decoder's causal CoDA (future keys weight 0, Mean per row) and footnote 3's unscaled form."""
+    m = randomize(CoDAttention(6, 2, gate=gate, center_e=True, row_mean=True, scale=False))
+    x = X(2, 4, 6)
+    want = coda_reference(m, x, None, True, 1.0, 1.0, gate, True, "tanh-sigmoid", True, scale=False)
+    np.testing.assert_allclose(out(m(Tensor(x), causal=True)), want, **TOL)
+
+
+def test_coda_centred_gate_subtracts_the_mean():
+    """Eq. 4's sign: σ(N − Mean N) opens the gate for pairs closer than average (N above its mean): the gate
+    of the nearest key (largest N) is above ½ and that of the farthest below ½."""
+    m = randomize(CoDAttention(4, 1, gate="centered", bias=False))
+    m.record = True
+    x = X(1, 5, 4)
+    m(Tensor(x))
+    g = out(m.last_gate)[0, 0]
+    q, k = x @ arr(m.w_q), (x @ arr(m.w_kv))[..., :4]
+    N = -np.abs(q[0, :, None] - k[0, None]).sum(-1)
+    i = 2
+    assert g[i, N[i].argmax()] > 0.5 > g[i, N[i].argmin()]
+
+
+@pytest.mark.parametrize("gate,shared", [("scaled", False), ("centered", True)])
+def test_pairwise_coda_is_eqs_1_to_7(gate, shared):
+    """Pairwise CoDA (Eqs. 1-7): E = α F_E(A) F_E(B)ᵀ, N_ij = −β ‖F_N(a_i) − F_N(b_j)‖₁, M as Eqs. 3-6,
+    A′ = M B and B′ = Mᵀ A (raw sequences pooled, no 1/√d)."""
+    m = randomize(PairwiseCoDA(4, 3, alpha=0.6, beta=0.8, gate=gate, center_e=True, shared=shared))
+    a, b = X(2, 5, 4), X(2, 3, 4, seed=1)
+    am, bm = MASK5, np.array([[1, 1, 0], [1, 1, 1]], bool)
+    a2, b2 = m(Tensor(a), Tensor(b), am, bm)
+    for s in range(2):
+        ea, eb = a[s] @ arr(m.f_e.weight), b[s] @ arr(m.f_e.weight)
+        na, nb = a[s] @ arr(m.f_n.weight), b[s] @ arr(m.f_n.weight)
+        E = 0.6 * ea @ eb.T
+        N = -0.8 * np.abs(na[:, None] - nb[None]).sum(-1)
+        ok = am[s][:, None] & bm[s][None, :]
+        M = quasi_reference(E, N, ok, ok, gate, True, "tanh-sigmoid", False)
+        np.testing.assert_allclose(out(a2)[s], M @ b[s], **TOL)
+        np.testing.assert_allclose(out(b2)[s], M.T @ a[s], **TOL)
+
+
+# --- the Abstractor (Altabaa et al. 2024) -------------------------------------------------------------------
+
+ABS = dict(d_model=4, n_head=2, d_head=3, d_ff=5, n_encoder_layers=1, n_decoder_layers=1, dropout=0.0,
+           attention_dropout=0.0, n_abstractor_layers=2, max_len=6)
+
+
+def ffn_block(block, x):
+    return ref.layer_norm(x + ref.feed_forward(block.ff, x), arr(block.norm.weight), arr(block.norm.bias), 1e-3)
+
+
+@pytest.mark.parametrize("scale", ["sqrt", "none"])
+def test_rca_is_eq_6(scale):
+    """Relational cross-attention (§2.2, Eq. 6): queries and keys from the objects, values from the symbols."""
+    m = randomize(RelationalCrossAttention(4, 2, d_head=3, scale=scale))
+    x, s = X(2, 5, 4), X(2, 5, 4, seed=1)
+    want = ref.rca(m, x, s, 1 / math.sqrt(3) if scale == "sqrt" else 1.0, MASK5)
+    np.testing.assert_allclose(out(m(Tensor(x), Tensor(s), key_mask=MASK5)), want, **TOL)
+
+
+@pytest.mark.parametrize("ablation", [False, True])
+def test_abstractor_layer_is_algorithm_1(ablation):
+    """Algorithm 1 with the code's symbol self-attention (§3): A ← LN(A + MHA(A)); A ← LN(A + RCA(X = E, S = A))
+    — the residual onto the symbols; A ← LN(A + FFN(A)). The Ablation: A ← LN(A + MHA(Q = A, K = V = E))."""
+    cfg = AbstractorConfig(**ABS)
+    layer = randomize(AbstractorLayer(cfg, np.random.default_rng(0), ablation=ablation))
+    A, E = X(2, 5, 4), X(2, 5, 4, seed=1)
+    a = ref.layer_norm(A + ref.mha(layer.self_attn, A, key_mask=MASK5), arr(layer.self_norm.weight),
+                       arr(layer.self_norm.bias), 1e-3)
+    rel = ref.mha(layer.rca, a, E, key_mask=MASK5) if ablation else ref.rca(layer.rca, E, a, 1 / math.sqrt(3), MASK5)
+    a = ref.layer_norm(a + rel, arr(layer.rca_norm.weight), arr(layer.rca_norm.bias), 1e-3)
+    np.testing.assert_allclose(out(layer(Tensor(A), Tensor(E), MASK5)), ffn_block(layer.ffn, a), **TOL)
+
+
+def test_simple_abstractor_layer_has_no_residual_around_rca():
+    """The pre-training "SimpleAbstractor" (§3 variant): no symbol self-attention, A ← RCA(E, A), FFN block."""
+    cfg = AbstractorConfig(**ABS, symbol_self_attention=False, rca_residual=False)
+    layer = randomize(AbstractorLayer(cfg, np.random.default_rng(0)))
+    A, E = X(2, 5, 4), X(2, 5, 4, seed=1)
+    want = ffn_block(layer.ffn, ref.rca(layer.rca, E, A, 1 / math.sqrt(3), MASK5))
+    np.testing.assert_allclose(out(layer(Tensor(A), Tensor(E), MASK5)), want, **TOL)
+
+
+def test_abstractor_starts_from_sqrt_d_symbols_plus_pe_and_every_layer_reads_e():
+    """A⁽⁰⁾ = √d · S_{1:m} + PE (the code; §2.1), then each layer l: A ← Layer_l(A, E) with the same objects E."""
+    cfg = AbstractorConfig(**ABS)
+    abstractor = randomize(Abstractor(cfg, np.random.default_rng(0)))
+    E = X(2, 5, 4)
+    pe = ref.sinusoid(range(5), 4, "concat").astype(np.float32).astype(np.float64)
+    A = Tensor(np.broadcast_to(arr(abstractor.symbols.symbols)[:5] * 2.0 + pe, (2, 5, 4)).copy())
+    for layer in abstractor.layers:
+        A = layer(A, Tensor(E), MASK5)
+    np.testing.assert_allclose(out(abstractor(Tensor(E), MASK5)), out(A), **TOL)
+
+
+@pytest.mark.parametrize("architecture,attend_a1,form", [("a", False, "paper"), ("b", False, "paper"),
+                                                          ("d", False, "paper"), ("e", False, "paper"),
+                                                          ("e", True, "paper"), ("d", False, "code")])
+def test_abstractor_architectures_wire_their_contexts(architecture, attend_a1, form):
+    """§3, Fig. 2: (a) the decoder reads A = Abstractor(embedded X) (no encoder); (b) A = Abstractor(Encoder(X));
+    (d) [E, A] with A = Abstractor(E); (e) [E, A2] with A2 = Abstractor2(A1), A1 = Abstractor1(E) (+ A1 between
+    them with ``attend_a1``). The multi-attention decoder (Algorithm 2) reads the contexts in that order; the
+    code form stacks one full decoder layer per context."""
+    cfg = AbstractorConfig(**ABS, architecture=architecture, attend_a1=attend_a1, decoder_form=form)
+    model = randomize(AbstractorSeq2Seq(5, 5, cfg, d_src=3))
+    src, tgt = X(2, 5, 3), np.array([[4, 1, 2], [4, 0, 3]])
+    E = Tensor(out(model.src_embed(Tensor(src))) * 2.0
+               + ref.sinusoid(range(5), 4, "concat").astype(np.float32).astype(np.float64))
+    assert len(model.encoder) == (0 if architecture == "a" else 1)
+    for layer in model.encoder:
+        E = layer(E, key_mask=MASK5)
+    A1 = model.abstractors[0](E, MASK5)
+    want = {"a": [A1], "b": [A1], "d": [E, A1]}.get(architecture)
+    if architecture == "e":
+        A2 = model.abstractors[1](A1, MASK5)
+        want = [E, A1, A2] if attend_a1 else [E, A2]
+    got = model.encode(Tensor(src), MASK5)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(out(g), out(w), **TOL)
+    n = len(want)
+    assert [layer.context_ids for layer in model.decoder] == ([tuple(range(n))] if form == "paper" else
+                                                               [(i,) for i in range(n)])
+    y = Tensor(arr(model.tgt_embed.weight)[tgt] * 2.0
+               + ref.sinusoid(range(3), 4, "concat").astype(np.float32).astype(np.float64))
+    for layer in model.decoder:
+        y = layer(y, want, MASK5)
+    np.testing.assert_allclose(out(model(Tensor(src), tgt, MASK5)), ref.linear(model.head, out(y)), **TOL)
+
+
+def test_relational_classifier_is_the_simplified_abstractor_and_a_flat_mlp():
+    """§1.3 / the discriminative models: X = Dense(x); A⁰ = S (learned symbols, no √d, no PE); per layer
+    A ← Drop(LN(R + FFN(R))), R = SimplifiedRCA(X, A) with the same X every layer; flatten; ReLU hidden; logits.
+    SimplifiedRCA per relation r: R^r = ⟨W_q^r x_i, W_k^r x_j⟩ (unscaled), Ã^r = σ(R^r) S, A = concat_r P^r Ã^r."""
+    cfg = SimplifiedConfig(d_model=4, n_relations=2, d_key=3, d_ff=5, n_layers=2, dropout=0.0)
+    model = randomize(RelationalClassifier(3, 3, 2, cfg))
+    x = X(2, 3, 3)
+    Xe = ref.linear(model.embed, x)
+    A = np.broadcast_to(arr(model.symbols.symbols)[:3], (2, 3, 4))
+    for layer in model.layers:
+        rca = layer.rca
+        W = arr(rca.w_qk)
+        R = np.zeros((2, 3, 4))
+        for r in range(2):
+            q, k = Xe @ W[:, r * 3:(r + 1) * 3], Xe @ W[:, 6 + r * 3:6 + (r + 1) * 3]
+            rel = ref.sigmoid(q @ k.transpose(0, 2, 1))                                 # σ_rel = sigmoid
+            R[..., r * 2:(r + 1) * 2] = (rel @ A) @ arr(rca.w_p)[r] + arr(rca.b_p)[r]
+        A = ffn_block(layer.ffn, R)
+    h = ref.relu(ref.linear(model.hidden, A.reshape(2, -1)))
+    np.testing.assert_allclose(out(model(Tensor(x))), ref.linear(model.out, h), **TOL)
+
+
+# --- seq2attn (Korrel et al. 2019) -------------------------------------------------------------------------
+
+
+def _additive(temperature, activation="gumbel"):
+    m = randomize(AdditiveAttention(3, 4, 5, activation, temperature, tau_init=2.0, tau_max=3.0))
+    if temperature == "latent" and activation != "softmax":
+        m.log_tau.data = np.array([0.4])    # θ; τ = exp θ ≈ 1.49 (θ itself would be 0.4)
+    return m
+
+
+def additive_scores(m, q, keys, mask):
+    """Eq. 5: e_j = w2 · ReLU(W1 [k_j ; q] + b1) + b2, padding keys excluded."""
+    e = np.zeros(keys.shape[:2])
+    for b in range(keys.shape[0]):
+        for j in range(keys.shape[1]):
+            hidden = ref.relu(keys[b, j] @ arr(m.w1_key) + q[b] @ arr(m.w1_query) + arr(m.b1))
+            e[b, j] = hidden @ arr(m.w2.weight)[:, 0] + arr(m.w2.bias)[0]
+    return np.where(mask, e, -np.inf)
+
+
+def tau_reference(m, q, temperature):
+    """The temperatures: fixed τ; latent τ = exp(θ); conditioned τ = 1 / (softplus(w_τ·s_t + b_τ) + 1/τ_max)."""
+    if temperature == "fixed":
+        return 2.0
+    if temperature == "latent":
+        return math.exp(0.4)
+    return 1.0 / (ref.softplus(q @ arr(m.w_tau.weight) + arr(m.w_tau.bias)) + 1 / 3.0)
+
+
+@pytest.mark.parametrize("temperature", ["fixed", "latent", "conditioned"])
+def test_gumbel_attention_is_eqs_5_to_8_with_each_temperature(temperature):
+    """Eqs. 5-8: the soft sample y = softmax((e + g)/τ); straight-through: one_hot(argmax y) forward; at
+    evaluation one_hot(argmax e) without noise; the baseline's softmax(e)."""
+    m = _additive(temperature)
+    q, keys = X(2, 4), X(2, 4, 3, seed=1)
+    mask = np.array([[1, 1, 1, 1], [1, 1, 1, 0]], bool)
+    g = X(2, 4, seed=2)
+    e = additive_scores(m, q, keys, mask)
+    y = ref.softmax((e + g) / tau_reference(m, q, temperature))
+    prepared = m.prepare(Tensor(keys), mask)
+    np.testing.assert_allclose(out(m(Tensor(q), prepared, noise=g)), y, **TOL)
+    m.activation = "gumbel_st"
+    np.testing.assert_array_equal(out(m(Tensor(q), prepared, noise=g)), np.eye(4)[y.argmax(-1)])
+    with eval_mode():
+        np.testing.assert_array_equal(out(m(Tensor(q), prepared, noise=g)), np.eye(4)[e.argmax(-1)])
+    soft = _additive(temperature, "softmax")
+    np.testing.assert_allclose(out(soft(Tensor(q), soft.prepare(Tensor(keys), mask))),
+                               ref.softmax(additive_scores(soft, q, keys, mask)), **TOL)
+
+
+def seq2attn_reference(model, src, lengths, steps, tgt=None):
+    """One greedy/teacher-forced unroll in the reference code's order (§3, Eqs. 1-12; eval: argmax attention):
+    x_t = E_out[y_{t−1}]; s_t = GRU_trans(x_t, s_{t−1}) (s_0 = the encoder's final state at each row's length);
+    α_t = one_hot(argmax_j e_tj); c_t = Σ_j α_tj E_in[x_j] (Eq. 9); h_t = GRU_dec([c_t ; x_t], h_{t−1} ⊙ c_t)
+    (full focus, Eq. 12; h_0 learned); logits W_out h_t + b. The baseline: query h_{t−1}, h_0 = the encoder's
+    final state, values the encoder states, softmax attention, no focus. Returns logits (B, steps, V)."""
+    cfg = model.cfg
+    B, n = src.shape
+    emb = arr(model.embed_in.weight)[src]
+    h = np.zeros((B, cfg.d_hidden))
+    enc = []
+    for j in range(n):
+        h = ref.gru(model.encoder.cells[0], emb[:, j], h)
+        enc.append(h)
+    enc = np.stack(enc, 1)
+    final = enc[np.arange(B), lengths - 1]
+    mask = np.arange(n)[None, :] < lengths[:, None]
+    att = model.attention
+    values = emb if cfg.embedding_values else enc
+    s, hd = final, (np.broadcast_to(arr(model.decoder_init[0]), final.shape) if cfg.transcoder else final)
+    prev = np.full(B, model.sos_id)
+    logits = []
+    for t in range(steps):
+        x = arr(model.embed_out.weight)[prev]
+        if cfg.transcoder:
+            s = ref.gru(model.transcoder.cells[0], x, s)
+        query = s if cfg.transcoder else hd
+        e = additive_scores(att, query, enc, mask)
+        alpha = np.eye(n)[e.argmax(-1)] if cfg.gumbel else ref.softmax(e)
+        c = np.einsum("bj,bjd->bd", alpha, values)
+        if cfg.full_focus:
+            hd = hd * c
+        hd = ref.gru(model.decoder.cells[0], np.concatenate([c, x], -1), hd)
+        logits.append(ref.linear(model.out, hd))
+        prev = logits[-1].argmax(-1) if tgt is None else tgt[:, t]
+    return np.stack(logits, 1)
+
+
+SRC, SRC_LEN = np.array([[2, 3, 4, 5], [6, 2, 3, 1]]), np.array([4, 3])
+TGT, TGT_LEN = np.array([[4, 5, 3], [5, 3, 1]]), np.array([3, 2])
+
+
+@pytest.mark.parametrize("name", ["seq2attn", "seq2seq"])
+def test_seq2attn_decode_step_is_eqs_1_to_12(name):
+    model = randomize(Seq2Attn(model_config(name, d_embedding=4, d_hidden=4), 7, 6, sos_id=2)).eval()
+    with eval_mode():
+        forced, _ = model.decode(SRC, SRC_LEN, 3, TGT, teacher_forcing=1.0)
+        free, _ = model.decode(SRC, SRC_LEN, 3)
+    np.testing.assert_allclose(out(forced), seq2attn_reference(model, SRC, SRC_LEN, 3, TGT), **TOL)
+    np.testing.assert_allclose(out(free), seq2attn_reference(model, SRC, SRC_LEN, 3), **TOL)
+
+
+@pytest.mark.parametrize("name", ["seq2attn", "seq2seq"])
+def test_seq2attn_evaluation_loss_feeds_back_its_own_predictions(name):
+    """The loss (§3.3; the reference's validation loss): Σ_t −log p(y_t) over each sequence's real targets,
+    averaged over the batch; at evaluation the model feeds back its own argmax, never the gold prefix."""
+    model = randomize(Seq2Attn(model_config(name, d_embedding=4, d_hidden=4, teacher_forcing=1.0), 7, 6,
+                               sos_id=2)).eval()
+    logits = seq2attn_reference(model, SRC, SRC_LEN, 3)
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    want = -sum(logp[b, t, TGT[b, t]] for b in range(2) for t in range(TGT_LEN[b])) / 2
+    np.testing.assert_allclose(float(out(model.loss(SRC, SRC_LEN, TGT, TGT_LEN))), want, **TOL)
+
+
+def test_seq2seq_training_loss_with_teacher_forcing_feeds_the_gold_prefix():
+    """In training with teacher-forcing probability 1 every step reads the gold y_{t−1} (§3.3)."""
+    model = randomize(Seq2Attn(model_config("seq2seq", d_embedding=4, d_hidden=4, teacher_forcing=1.0), 7, 6,
+                               sos_id=2))
+    logits = seq2attn_reference(model, SRC, SRC_LEN, 3, TGT)
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    want = -sum(logp[b, t, TGT[b, t]] for b in range(2) for t in range(TGT_LEN[b])) / 2
+    model.set_rng(RNG(0))
+    np.testing.assert_allclose(float(out(model.loss(SRC, SRC_LEN, TGT, TGT_LEN))), want, **TOL)
+
+
+# --- compositional attention (Mittal et al. 2022) -----------------------------------------------------------
+
+
+def test_compositional_attention_is_eqs_7_to_14():
+    """Eqs. 7-14, search by search and token by token: A_s = softmax(Q_s K_sᵀ/√d_s) over the real keys;
+    O_sr = A_s V_r; c_sr = softmax_r(Q̄_s · (O_sr W̄_k + b̄_k)/√d_s); out = Concat_s(Σ_r c_sr O_sr) W_o + b_o."""
+    m = randomize(CompositionalAttention(6, 2, 3, search_dim=8, value_dim=15))
+    x, mask = X(2, 4, 6), np.array([[1, 1, 1, 0], [1, 1, 1, 1]], bool)
+    S, R, ds, dv = 2, 3, 4, 5
+    q, k, qb = ref.linear(m.query, x), ref.linear(m.key_search, x), ref.linear(m.retrieval_query, x)
+    v = ref.linear(m.value, x)
+    heads = np.zeros((2, 4, S * dv))
+    for b in range(2):
+        for s in range(S):
+            ss = slice(s * ds, (s + 1) * ds)
+            for i in range(4):
+                A = ref.masked_softmax_row(np.array([q[b, i, ss] @ k[b, j, ss] for j in range(4)]) / math.sqrt(ds),
+                                           mask[b])
+                O = [A @ v[b, :, r * dv:(r + 1) * dv] for r in range(R)]
+                c = ref.softmax(np.array([qb[b, i, ss] @ ref.linear(m.retrieval_key, O[r]) for r in range(R)])
+                                / math.sqrt(ds))
+                heads[b, i, s * dv:(s + 1) * dv] = sum(c[r] * O[r] for r in range(R))
+    np.testing.assert_allclose(out(m(Tensor(x), key_mask=mask)), ref.linear(m.out, heads), **TOL)
