@@ -12,6 +12,8 @@ import pytest
 
 import train
 from minattn import functional as F, nn
+from minattn.attention.coda import CoDAttention
+from minattn.attention.compositional import CompositionalAttention
 from minattn.attention.geometric import GeometricAttention
 from minattn.attention.multihead import MultiHeadAttention
 from minattn.attention.relative import RelativeMultiHeadAttention
@@ -280,17 +282,50 @@ def test_copy_gate_layer_is_ndr_eqs_5_6(tanh_out):
 
 
 def test_gate_dropout_closes_the_gate_of_whole_columns():
-    """The NDR code's gate dropout: with probability p a column's gate is 0 for a step, so h' = h there."""
+    """The NDR code's gate dropout: with probability p a column's gate is 0 for a step, so h' = h there; the
+    other columns keep their gate as it is (a gate that closes, not a rescaled activation: no 1/(1 − p))."""
     cfg = EncoderConfig(**{**TINY, "gate_dropout": 0.5})
-    layer = CopyGateLayer(LinearStub(4), cfg, np.random.default_rng(0)).double()
+    layer = randomize(CopyGateLayer(LinearStub(4), cfg, np.random.default_rng(0)))
     layer.set_rng(RNG(0))
     h = X(2, 16, 4)
     y = out(layer(Tensor(h)))
-    copied = np.all(y == h, axis=-1)
-    assert 0.2 < copied.mean() < 0.8 and np.all(copied | np.all(y != h, axis=-1))
+    with eval_mode():
+        y0 = out(layer(Tensor(h)))
+    copied, kept = np.all(y == h, axis=-1), np.all(np.isclose(y, y0, rtol=1e-12, atol=0), axis=-1)
+    assert 0.2 < copied.mean() < 0.8 and np.all(copied != kept)
 
 
-@pytest.mark.parametrize("name,readout", [("transformer", "eos"), ("ndr", "sos"), ("transformer-rel", "eos")])
+# The NDR paper's models (its Table 1 and §4; compositional attention and CoDA as drop-ins for the Transformer's
+# softmax attention): layer kind, attention, abs gate, input PE.
+MODELS = {
+    "transformer": (PostLNLayer, MultiHeadAttention, None, True),
+    "transformer-rel": (PostLNLayer, RelativeMultiHeadAttention, False, False),
+    "transformer-rel-gate": ("tanh", RelativeMultiHeadAttention, False, False),
+    "transformer-absrel-gate": ("tanh", RelativeMultiHeadAttention, True, False),
+    "transformer-geom": (PostLNLayer, GeometricAttention, True, False),        # normalised geometric attention
+    "ndr": ("ln", GeometricAttention, False, False),
+    "transformer-compositional": (PostLNLayer, CompositionalAttention, None, True),
+    "transformer-coda": (PostLNLayer, CoDAttention, None, True),
+}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_each_model_has_its_layer_attention_and_positions(name):
+    layer_kind, attention, flag, pe = MODELS[name]
+    enc = Classifier(name, 5, 3, EncoderConfig(**TINY)).encoder
+    if layer_kind in ("tanh", "ln"):
+        assert type(enc.layer) is CopyGateLayer and enc.layer.tanh_out == (layer_kind == "tanh")
+    else:
+        assert type(enc.layer) is layer_kind
+    assert type(enc.layer.attn) is attention
+    if attention is RelativeMultiHeadAttention:
+        assert (enc.layer.attn.abs_gate is not None) == flag
+    if attention is GeometricAttention:
+        assert enc.layer.attn.normalize == flag
+    assert enc.input_pe == pe
+
+
+@pytest.mark.parametrize("name,readout", [(n, "eos" if i % 2 else "sos") for i, n in enumerate(MODELS)])
 def test_classifier_is_embedding_pe_shared_layer_and_one_column(name, readout):
     """NDR §2 and Vaswani §3.4-3.5: h⁰ = Embed(x) (+ PE for the plain Transformer, no √d); the ONE shared
     layer applied n_steps times (a Universal Transformer); logits = W h^n at the EOS (length − 1) or SOS (0)
@@ -300,8 +335,8 @@ def test_classifier_is_embedding_pe_shared_layer_and_one_column(name, readout):
     ids, lengths = np.array([[6, 1, 2, 5, 0], [6, 3, 4, 0, 5]]), np.array([4, 5])
     mask = np.arange(5)[None, :] < lengths[:, None]
     h = arr(model.encoder.embedding.weight)[ids]
-    if name == "transformer":
-        h = h + ref.sinusoid(range(5), 4)
+    if MODELS[name][3]:
+        h = h + ref.sinusoid(range(5), 4).astype(np.float32).astype(np.float64)   # the model's float32 table
     h = Tensor(h)
     for _ in range(3):
         h = model.encoder.layer(h, key_mask=mask)

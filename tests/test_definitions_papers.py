@@ -15,6 +15,7 @@ from minattn.backend import RNG
 from minattn.engine import Tensor, eval_mode
 from minattn.models.abstractor import (Abstractor, AbstractorConfig, AbstractorLayer, AbstractorSeq2Seq,
                                        RelationalClassifier, SimplifiedConfig)
+from minattn.models.crt import CRTConfig, CRTModel
 from minattn.models.seq2attn import Seq2Attn, model_config
 
 from . import defs_reference as ref
@@ -292,40 +293,59 @@ def test_gumbel_attention_is_eqs_5_to_8_with_each_temperature(temperature):
                                ref.softmax(additive_scores(soft, q, keys, mask)), **TOL)
 
 
+def rnn_step(rnn, x, state):
+    """A stack of GRU/LSTM cells, one step (no dropout at evaluation): each layer reads the one below."""
+    new = []
+    for cell, st in zip(rnn.cells, state):
+        st = ref.lstm(cell, x, *st) if rnn.lstm else ref.gru(cell, x, st)
+        new.append(st)
+        x = st[0] if rnn.lstm else st
+    return x, new
+
+
 def seq2attn_reference(model, src, lengths, steps, tgt=None):
     """One greedy/teacher-forced unroll in the reference code's order (§3, Eqs. 1-12; eval: argmax attention):
-    x_t = E_out[y_{t−1}]; s_t = GRU_trans(x_t, s_{t−1}) (s_0 = the encoder's final state at each row's length);
-    α_t = one_hot(argmax_j e_tj); c_t = Σ_j α_tj E_in[x_j] (Eq. 9); h_t = GRU_dec([c_t ; x_t], h_{t−1} ⊙ c_t)
-    (full focus, Eq. 12; h_0 learned); logits W_out h_t + b. The baseline: query h_{t−1}, h_0 = the encoder's
-    final state, values the encoder states, softmax attention, no focus. Returns logits (B, steps, V)."""
+    x_t = E_out[y_{t−1}]; s_t = RNN_trans(x_t, s_{t−1}) (s_0 = the encoder's final state at each row's length);
+    α_t = one_hot(argmax_j e_tj); c_t = Σ_j α_tj E_in[x_j] (Eq. 9); h_t = RNN_dec([c_t ; x_t], h_{t−1} ⊙ c_t)
+    (full focus, Eq. 12, on every state tensor; h_0 learned); logits W_out h_t + b. Without T the query is the
+    top decoder state h_{t−1} and h_0 the encoder's final state; without E the values are the encoder states;
+    without G the attention is softmax(e). Returns logits (B, steps, V)."""
     cfg = model.cfg
     B, n = src.shape
     emb = arr(model.embed_in.weight)[src]
-    h = np.zeros((B, cfg.d_hidden))
-    enc = []
+    zero = np.zeros((B, cfg.d_hidden))
+    state = [(zero, zero) if model.encoder.lstm else zero for _ in model.encoder.cells]
+    enc, states = [], []
     for j in range(n):
-        h = ref.gru(model.encoder.cells[0], emb[:, j], h)
+        h, state = rnn_step(model.encoder, emb[:, j], state)
         enc.append(h)
+        states.append(state)
     enc = np.stack(enc, 1)
-    final = enc[np.arange(B), lengths - 1]
+    rows = np.arange(B)
+    final = [tuple(np.stack([st[layer][k] for st in states], 1)[rows, lengths - 1] for k in range(2))
+             if model.encoder.lstm else np.stack([st[layer] for st in states], 1)[rows, lengths - 1]
+             for layer in range(len(model.encoder.cells))]
     mask = np.arange(n)[None, :] < lengths[:, None]
-    att = model.attention
     values = emb if cfg.embedding_values else enc
-    s, hd = final, (np.broadcast_to(arr(model.decoder_init[0]), final.shape) if cfg.transcoder else final)
+    trans, dec = final, final
+    if cfg.transcoder:
+        p = [np.broadcast_to(arr(t), (B, cfg.d_hidden)) for t in model.decoder_init]
+        dec = [(p[2 * i], p[2 * i + 1]) for i in range(len(p) // 2)] if model.decoder.lstm else p
     prev = np.full(B, model.sos_id)
     logits = []
     for t in range(steps):
         x = arr(model.embed_out.weight)[prev]
         if cfg.transcoder:
-            s = ref.gru(model.transcoder.cells[0], x, s)
-        query = s if cfg.transcoder else hd
-        e = additive_scores(att, query, enc, mask)
+            query, trans = rnn_step(model.transcoder, x, trans)
+        else:
+            query = dec[-1][0] if model.decoder.lstm else dec[-1]
+        e = additive_scores(model.attention, query, enc, mask)
         alpha = np.eye(n)[e.argmax(-1)] if cfg.gumbel else ref.softmax(e)
         c = np.einsum("bj,bjd->bd", alpha, values)
         if cfg.full_focus:
-            hd = hd * c
-        hd = ref.gru(model.decoder.cells[0], np.concatenate([c, x], -1), hd)
-        logits.append(ref.linear(model.out, hd))
+            dec = [tuple(v * c for v in st) if model.decoder.lstm else st * c for st in dec]
+        top, dec = rnn_step(model.decoder, np.concatenate([c, x], -1), dec)
+        logits.append(ref.linear(model.out, top))
         prev = logits[-1].argmax(-1) if tgt is None else tgt[:, t]
     return np.stack(logits, 1)
 
@@ -334,9 +354,17 @@ SRC, SRC_LEN = np.array([[2, 3, 4, 5], [6, 2, 3, 1]]), np.array([4, 3])
 TGT, TGT_LEN = np.array([[4, 5, 3], [5, 3, 1]]), np.array([3, 2])
 
 
-@pytest.mark.parametrize("name", ["seq2attn", "seq2seq"])
-def test_seq2attn_decode_step_is_eqs_1_to_12(name):
-    model = randomize(Seq2Attn(model_config(name, d_embedding=4, d_hidden=4), 7, 6, sos_id=2)).eval()
+S2A_VARIANTS = {"seq2attn": ("seq2attn", {}), "seq2seq": ("seq2seq", {}),
+                "seq2attn_lstm_2layer": ("seq2attn", dict(cell="lstm", n_layers=2, dropout=0.3)),
+                "seq2seq_lstm_2layer": ("seq2seq", dict(cell="lstm", n_layers=2)),
+                "GF_without_ET": ("seq2attn", dict(embedding_values=False, transcoder=False)),
+                "T_only": ("seq2seq", dict(transcoder=True)), "E_only": ("seq2seq", dict(embedding_values=True))}
+
+
+@pytest.mark.parametrize("variant", list(S2A_VARIANTS))
+def test_seq2attn_decode_step_is_eqs_1_to_12(variant):
+    name, options = S2A_VARIANTS[variant]
+    model = randomize(Seq2Attn(model_config(name, d_embedding=4, d_hidden=4, **options), 7, 6, sos_id=2)).eval()
     with eval_mode():
         forced, _ = model.decode(SRC, SRC_LEN, 3, TGT, teacher_forcing=1.0)
         free, _ = model.decode(SRC, SRC_LEN, 3)
@@ -344,11 +372,12 @@ def test_seq2attn_decode_step_is_eqs_1_to_12(name):
     np.testing.assert_allclose(out(free), seq2attn_reference(model, SRC, SRC_LEN, 3), **TOL)
 
 
-@pytest.mark.parametrize("name", ["seq2attn", "seq2seq"])
+@pytest.mark.parametrize("name", ["seq2attn", "seq2seq", "seq2attn_lstm_2layer"])
 def test_seq2attn_evaluation_loss_feeds_back_its_own_predictions(name):
     """The loss (§3.3; the reference's validation loss): Σ_t −log p(y_t) over each sequence's real targets,
     averaged over the batch; at evaluation the model feeds back its own argmax, never the gold prefix."""
-    model = randomize(Seq2Attn(model_config(name, d_embedding=4, d_hidden=4, teacher_forcing=1.0), 7, 6,
+    name, options = S2A_VARIANTS[name]
+    model = randomize(Seq2Attn(model_config(name, d_embedding=4, d_hidden=4, teacher_forcing=1.0, **options), 7, 6,
                                sos_id=2)).eval()
     logits = seq2attn_reference(model, SRC, SRC_LEN, 3)
     logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
@@ -370,23 +399,72 @@ def test_seq2seq_training_loss_with_teacher_forcing_feeds_the_gold_prefix():
 # --- compositional attention (Mittal et al. 2022) -----------------------------------------------------------
 
 
-def test_compositional_attention_is_eqs_7_to_14():
-    """Eqs. 7-14, search by search and token by token: A_s = softmax(Q_s K_sᵀ/√d_s) over the real keys;
-    O_sr = A_s V_r; c_sr = softmax_r(Q̄_s · (O_sr W̄_k + b̄_k)/√d_s); out = Concat_s(Σ_r c_sr O_sr) W_o + b_o."""
-    m = randomize(CompositionalAttention(6, 2, 3, search_dim=8, value_dim=15))
-    x, mask = X(2, 4, 6), np.array([[1, 1, 1, 0], [1, 1, 1, 1]], bool)
-    S, R, ds, dv = 2, 3, 4, 5
+def compositional_reference(m, x, mask, S, R, score="dot", separate=False, concat=False, mask_diagonal=False):
+    """Eqs. 7-14, search by search and token by token: A_s = softmax(Q_s K_sᵀ/√d_s) over the allowed keys;
+    O_sr = A_s V_r; c_sr = softmax_r(Q̄_s · K̄_sr/√d_s) with K̄_sr = O_sr W̄_k + b̄_k (one W̄_k, or W̄_k^r per
+    retrieval with ``separate``), or Appendix B.7's linear score w·[Q̄_s; O_sr] + b (unscaled); out =
+    Concat_s(Σ_r c_sr O_sr) [| x W_c] W_o + b_o."""
+    B, T, _ = x.shape
+    ds, dv = m.d_s, m.d_v
     q, k, qb = ref.linear(m.query, x), ref.linear(m.key_search, x), ref.linear(m.retrieval_query, x)
     v = ref.linear(m.value, x)
-    heads = np.zeros((2, 4, S * dv))
-    for b in range(2):
+    heads = np.zeros((B, T, S * dv))
+    for b in range(B):
         for s in range(S):
             ss = slice(s * ds, (s + 1) * ds)
-            for i in range(4):
-                A = ref.masked_softmax_row(np.array([q[b, i, ss] @ k[b, j, ss] for j in range(4)]) / math.sqrt(ds),
-                                           mask[b])
+            for i in range(T):
+                ok = (np.ones(T, bool) if mask is None else mask[b].copy())
+                if mask_diagonal:
+                    ok[i] = False
+                A = ref.masked_softmax_row(np.array([q[b, i, ss] @ k[b, j, ss] for j in range(T)]) / math.sqrt(ds),
+                                           ok)
                 O = [A @ v[b, :, r * dv:(r + 1) * dv] for r in range(R)]
-                c = ref.softmax(np.array([qb[b, i, ss] @ ref.linear(m.retrieval_key, O[r]) for r in range(R)])
-                                / math.sqrt(ds))
+                if score == "mlp":
+                    w, bias = arr(m.score_net.weight)[:, 0], arr(m.score_net.bias)[0]
+                    logits = np.array([w[:ds] @ qb[b, i, ss] + w[ds:] @ O[r] + bias for r in range(R)])
+                else:
+                    keys = [O[r] @ arr(m.w_key)[r] + arr(m.b_key)[r, 0] if separate
+                            else ref.linear(m.retrieval_key, O[r]) for r in range(R)]
+                    logits = np.array([qb[b, i, ss] @ keys[r] for r in range(R)]) / math.sqrt(ds)
+                c = ref.softmax(logits)
                 heads[b, i, s * dv:(s + 1) * dv] = sum(c[r] * O[r] for r in range(R))
-    np.testing.assert_allclose(out(m(Tensor(x), key_mask=mask)), ref.linear(m.out, heads), **TOL)
+    if concat:
+        heads = np.concatenate([heads, ref.linear(m.own, x)], axis=-1)
+    return ref.linear(m.out, heads)
+
+
+@pytest.mark.parametrize("options", [{}, dict(concat=True, mask_diagonal=True), dict(separate=True),
+                                     dict(score="mlp", concat=True)], ids=["plain", "concat_diag", "separate", "mlp"])
+def test_compositional_attention_is_eqs_7_to_14(options):
+    m = randomize(CompositionalAttention(6, 2, 3, search_dim=8, value_dim=15, **options))
+    x, mask = X(2, 4, 6), np.array([[1, 1, 1, 0], [1, 1, 1, 1]], bool)
+    np.testing.assert_allclose(out(m(Tensor(x), key_mask=mask)), compositional_reference(m, x, mask, 2, 3, **options),
+                               **TOL)
+
+
+@pytest.mark.parametrize("name", ["mha", "compositional", "compositional-mlp"])
+def test_crt_models_are_mlp_attention_mlp(name):
+    """The CRT models (Mittal et al. 2022, App. C.1): x → Linear → ReLU → Linear → attention with the diagonal
+    masked and the token's own projection appended (no residual, no LayerNorm) → Linear → ReLU → Linear. The
+    ``mha`` baseline: h heads, softmax(Q Kᵀ/√d_s) V per head, [| x W_c] W_o."""
+    model = randomize(CRTModel(name, 5, CRTConfig(searches=2, retrievals=3, d_model=6)))
+    x = X(2, 4, 5)
+    h = ref.linear(model.enc2, ref.relu(ref.linear(model.enc1, x)))
+    attn = model.attn
+    if name == "mha":
+        H, ds, dv = attn.n_head, attn.d_s, attn.d_v
+        q, k, v = ref.linear(attn.query, h), ref.linear(attn.key, h), ref.linear(attn.value, h)
+        heads = np.zeros((2, 4, H * dv))
+        for b in range(2):
+            for hh in range(H):
+                for i in range(4):
+                    ok = np.arange(4) != i
+                    A = ref.masked_softmax_row(np.array([q[b, i, hh * ds:(hh + 1) * ds] @ k[b, j, hh * ds:(hh + 1) * ds]
+                                                         for j in range(4)]) / math.sqrt(ds), ok)
+                    heads[b, i, hh * dv:(hh + 1) * dv] = A @ v[b, :, hh * dv:(hh + 1) * dv]
+        a = ref.linear(attn.out, np.concatenate([heads, ref.linear(attn.own, h)], -1))
+    else:
+        a = compositional_reference(attn, h, None, 2, 3, score="dot" if name == "compositional" else "mlp",
+                                    concat=True, mask_diagonal=True)
+    want = ref.linear(model.dec2, ref.relu(ref.linear(model.dec1, a)))[..., 0]
+    np.testing.assert_allclose(out(model(Tensor(x))), want, **TOL)
