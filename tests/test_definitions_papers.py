@@ -2,13 +2,14 @@
 architectures, seq2attn and compositional attention. As in tests/test_definitions.py: random float64
 parameters, small random inputs, the equation in plain NumPy (tests/defs_reference.py), loops where clearer.
 """
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 
 from minattn.attention.additive import AdditiveAttention
-from minattn.attention.coda import COMPOSITIONS, CoDAttention, PairwiseCoDA
+from minattn.attention.coda import COMPOSITIONS, CoDAConfig, CoDAttention, PairwiseCoDA
 from minattn.attention.compositional import CompositionalAttention
 from minattn.attention.relational import RelationalCrossAttention
 from minattn.backend import RNG
@@ -17,6 +18,7 @@ from minattn.models.abstractor import (Abstractor, AbstractorConfig, AbstractorL
                                        RelationalClassifier, SimplifiedConfig)
 from minattn.models.crt import CRTConfig, CRTModel
 from minattn.models.seq2attn import Seq2Attn, model_config
+from minattn.models.transformer import CoDASeq2SeqTransformer, EncoderDecoderConfig
 
 from . import defs_reference as ref
 from .defs_reference import arr
@@ -111,6 +113,36 @@ def test_coda_centred_gate_subtracts_the_mean():
     N = -np.abs(q[0, :, None] - k[0, None]).sum(-1)
     i = 2
     assert g[i, N[i].argmax()] > 0.5 > g[i, N[i].argmin()]
+
+
+def test_coda_seq2seq_centres_decoder_rows_on_their_own_keys():
+    """transformer-seq2seq-coda (docs/coda.md §6): every attention is CoDA; the decoder's causal self- and
+    cross-attention take Mean(·) per query row (a matrix-wide mean would let a position see later ones), the
+    encoder's per matrix. Cross-attention centres over the real source keys of each row."""
+    @dataclasses.dataclass
+    class Cfg(CoDAConfig, EncoderDecoderConfig):
+        pass
+
+    cfg = Cfg(d_model=4, n_head=2, d_head=3, d_ff=5, n_encoder_layers=1, n_decoder_layers=1, dropout=0.0,
+              attention_dropout=0.0, coda_gate="centered", coda_center_e=True)
+    model = randomize(CoDASeq2SeqTransformer(5, 5, cfg, d_src=3))
+    assert [a.row_mean for a in (model.encoder[0].attn, model.decoder[0].self_attn, model.decoder[0].cross[0])] == \
+        [False, True, True]
+    att = model.decoder[0].cross[0]
+    y, c = X(2, 3, 4), X(2, 5, 4, seed=1)
+    B, T, S, H, dh = 2, 3, 5, 2, 3
+    q = y @ arr(att.w_q) + arr(att.b_q)
+    kv = c @ arr(att.w_kv) + arr(att.b_kv)
+    k, v = kv[..., :H * dh], kv[..., H * dh:]
+    heads = np.zeros((B, T, H * dh))
+    for b in range(B):
+        ok = np.broadcast_to(MASK5[b][None, :], (T, S))
+        for h in range(H):
+            sl = slice(h * dh, (h + 1) * dh)
+            E = (q[b, :, sl] @ k[b, :, sl].T) / math.sqrt(dh)
+            N = -np.abs(q[b, :, None, sl] - k[b, None, :, sl]).sum(-1) / math.sqrt(dh)
+            heads[b, :, sl] = quasi_reference(E, N, ok, ok, "centered", True, "tanh-sigmoid", True) @ v[b, :, sl]
+    np.testing.assert_allclose(out(att(Tensor(y), context=Tensor(c), key_mask=MASK5)), ref.linear(att.out, heads), **TOL)
 
 
 @pytest.mark.parametrize("gate,shared", [("scaled", False), ("centered", True)])
