@@ -92,3 +92,19 @@ def test_the_tolerances_are_applied_as_documented():
     ok(1e3, 1 + 0.5e-4)
     with pytest.raises(GradcheckError):
         ok(1e3, 1 + 2e-4)
+
+
+def test_an_integer_input_that_receives_a_gradient_fails():
+    """Integer inputs (ids, targets) are constants: the checker asserts that nothing gave them a gradient."""
+    from minattn import functional as F
+    from minattn.engine import Tensor
+    ids = Tensor(np.array([0, 2, 1]))
+
+    def leaky(w, i):                 # a broken op that writes a gradient onto its integer argument
+        i.grad = np.ones(i.shape)
+        return F.embedding(w, i.data)
+
+    check_backward(lambda w, i: F.embedding(w, i.data), [np.random.default_rng(0).standard_normal((3, 2)), ids])
+    ids.grad = None
+    with pytest.raises(GradcheckError, match="integer input"):
+        check_backward(leaky, [np.random.default_rng(0).standard_normal((3, 2)), ids])
