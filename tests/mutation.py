@@ -69,7 +69,7 @@ DEFINITIONS = [
     M(A + "multihead.py", "        return kv[0], kv[1]", "        return kv[1], kv[0]", "keys and values swapped"),
     M(A + "multihead.py", "            q = q + self.b_q", "            q = q - self.b_q", "query bias sign"),
     M(A + "multihead.py", "            kv = kv + self.b_kv", "            kv = kv + 2 * self.b_kv", "k/v bias doubled"),
-    # --- relative attention (Transformer-XL §3.3; NDR App. A) --------------------------------------------
+    # --- relative attention (Dai et al. 2019 §3.3; NDR App. A) --------------------------------------------
     M(A + "relative.py", "content = (q + self.u) @", "content = q @", "term (c) dropped (no u)"),
     M(A + "relative.py", "qv = q + self.v", "qv = q", "term (d) dropped (no v)"),
     M(A + "relative.py", "position = g * position + (1 - g) * absolute", "position = g * absolute + (1 - g) * position",

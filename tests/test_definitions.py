@@ -206,7 +206,7 @@ def test_geometric_attention_is_ndr_eqs_7_9_10():
 
 
 def test_geometric_attention_normalized_divides_by_the_row_sum():
-    """The "+ geom. att." baseline (NDR §4): A_ij / Σ_j A_ij."""
+    """The "+ geom. att." baseline (NDR paper §4): A_ij / Σ_j A_ij."""
     m = randomize(GeometricAttention(4, 1, normalize=True))
     x, mask = X(1, 4, 4), np.ones((1, 4), bool)
     plain = GeometricAttention(4, 1)
@@ -327,7 +327,7 @@ def test_each_model_has_its_layer_attention_and_positions(name):
 
 @pytest.mark.parametrize("name,readout", [(n, "eos" if i % 2 else "sos") for i, n in enumerate(MODELS)])
 def test_classifier_is_embedding_pe_shared_layer_and_one_column(name, readout):
-    """NDR §2 and Vaswani §3.4-3.5: h⁰ = Embed(x) (+ PE for the plain Transformer, no √d); the ONE shared
+    """NDR paper §2 and Vaswani et al. 2017 §3.4-3.5: h⁰ = Embed(x) (+ PE for the plain Transformer, no √d); the ONE shared
     layer applied n_steps times (a Universal Transformer); logits = W h^n at the EOS (length − 1) or SOS (0)
     column."""
     cfg = EncoderConfig(**{**TINY, "readout": readout, "n_steps": 3})
@@ -359,7 +359,7 @@ def test_n_steps_eval_applies_at_evaluation_only():
 @pytest.mark.parametrize("model", ["transformer", "transformer-rel", "transformer-absrel-gate", "ndr",
                                    "transformer-geom", "transformer-compositional"])
 def test_listops_reads_the_sos_column_and_ctl_the_eos_column(model):
-    """NDR §1 / the official code: ListOps classifies from the SOS column (every model, every preset); CTL
+    """docs/ndr.md §1 / the official code: ListOps classifies from the SOS column (every model, every preset); CTL
     from EOS."""
     for preset in ("cpu", "paper"):
         assert train.make_config("listops", model, preset).model_config.readout == "sos"
@@ -378,7 +378,7 @@ def PE32(positions, layout):
 
 
 def test_encoder_layer_is_post_ln():
-    """x ← LN(x + MHA(x, x, x)); x ← LN(x + FFN(x)) (Vaswani §3.1; LayerNorm ε 1e-3 as Keras)."""
+    """x ← LN(x + MHA(x, x, x)); x ← LN(x + FFN(x)) (Vaswani et al. 2017 §3.1; LayerNorm ε 1e-3 as Keras)."""
     cfg = EncoderDecoderConfig(**ED)
     rng = np.random.default_rng(0)
     layer = randomize(EncoderLayer(cfg, rng, lambda role: keras_attention(cfg, rng)))
@@ -413,7 +413,7 @@ def test_decoder_layer_is_causal_self_then_each_context_then_ffn(context_ids):
 
 
 def test_seq2seq_embedding_is_scaled_by_sqrt_d_plus_concat_pe():
-    """Vaswani §3.4: embeddings multiplied by √d_model, then §3.5's PE added (the Abstractor code's sin | cos
+    """Vaswani et al. 2017 §3.4: embeddings multiplied by √d_model, then §3.5's PE added (the Abstractor code's sin | cos
     layout); a decoding step at offset t adds PE[t]."""
     cfg = EncoderDecoderConfig(**ED)
     model = randomize(Seq2SeqTransformer(5, 4, cfg, d_src=3))

@@ -198,7 +198,7 @@ def test_abstractor_layer_is_algorithm_1(ablation):
 
 
 def test_simple_abstractor_layer_has_no_residual_around_rca():
-    """The pre-training "SimpleAbstractor" (§3 variant): no symbol self-attention, A ← RCA(E, A), FFN block."""
+    """The pre-training "SimpleAbstractor" (docs/abstractor.md §3, its variant): no symbol self-attention, A ← RCA(E, A), FFN block."""
     cfg = AbstractorConfig(**ABS, symbol_self_attention=False, rca_residual=False)
     layer = randomize(AbstractorLayer(cfg, np.random.default_rng(0)))
     A, E = X(2, 5, 4), X(2, 5, 4, seed=1)
@@ -207,7 +207,7 @@ def test_simple_abstractor_layer_has_no_residual_around_rca():
 
 
 def test_abstractor_starts_from_sqrt_d_symbols_plus_pe_and_every_layer_reads_e():
-    """A⁽⁰⁾ = √d · S_{1:m} + PE (the code; §2.1), then each layer l: A ← Layer_l(A, E) with the same objects E."""
+    """A⁽⁰⁾ = √d · S_{1:m} + PE (the code; docs/abstractor.md §2.1), then each layer l: A ← Layer_l(A, E) with the same objects E."""
     cfg = AbstractorConfig(**ABS)
     abstractor = randomize(Abstractor(cfg, np.random.default_rng(0)))
     E = X(2, 5, 4)
@@ -254,7 +254,7 @@ def test_abstractor_architectures_wire_their_contexts(architecture, attend_a1, f
 
 
 def test_relational_classifier_is_the_simplified_abstractor_and_a_flat_mlp():
-    """§1.3 / the discriminative models: X = Dense(x); A⁰ = S (learned symbols, no √d, no PE); per layer
+    """docs/abstractor.md §1.3 / the discriminative models: X = Dense(x); A⁰ = S (learned symbols, no √d, no PE); per layer
     A ← Drop(LN(R + FFN(R))), R = SimplifiedRCA(X, A) with the same X every layer; flatten; ReLU hidden; logits.
     SimplifiedRCA per relation r: R^r = ⟨W_q^r x_i, W_k^r x_j⟩ (unscaled), Ã^r = σ(R^r) S, A = concat_r P^r Ã^r."""
     cfg = SimplifiedConfig(d_model=4, n_relations=2, d_key=3, d_ff=5, n_layers=2, dropout=0.0)
@@ -406,7 +406,7 @@ def test_seq2attn_decode_step_is_eqs_1_to_12(variant):
 
 @pytest.mark.parametrize("name", ["seq2attn", "seq2seq", "seq2attn_lstm_2layer"])
 def test_seq2attn_evaluation_loss_feeds_back_its_own_predictions(name):
-    """The loss (§3.3; the reference's validation loss): Σ_t −log p(y_t) over each sequence's real targets,
+    """The loss (docs/seq2attn.md §1.6; the reference's validation loss): Σ_t −log p(y_t) over each sequence's real targets,
     averaged over the batch; at evaluation the model feeds back its own argmax, never the gold prefix."""
     name, options = S2A_VARIANTS[name]
     model = randomize(Seq2Attn(model_config(name, d_embedding=4, d_hidden=4, teacher_forcing=1.0, **options), 7, 6,
@@ -418,7 +418,7 @@ def test_seq2attn_evaluation_loss_feeds_back_its_own_predictions(name):
 
 
 def test_seq2seq_training_loss_with_teacher_forcing_feeds_the_gold_prefix():
-    """In training with teacher-forcing probability 1 every step reads the gold y_{t−1} (§3.3)."""
+    """In training with teacher-forcing probability 1 every step reads the gold y_{t−1} (docs/seq2attn.md §1.6)."""
     model = randomize(Seq2Attn(model_config("seq2seq", d_embedding=4, d_hidden=4, teacher_forcing=1.0), 7, 6,
                                sos_id=2))
     logits = seq2attn_reference(model, SRC, SRC_LEN, 3, TGT)

@@ -1,6 +1,6 @@
 """Gradient paths the OPS table does not take (issue 31 item 2), on the cpu and the strict device:
 
-* every reduction (sum, mean, max) over every axis spec of a 3-D input — each axis, negative ones, several
+* every reduction (sum, mean, max) over every axis choice of a 3-D input — each axis, negative ones, several
   at once in either order, all — with keepdims and without; cumsum both ways along every axis; every
   softmax-like op (softmax, log_softmax, the Gumbel soft sample) along every axis;
 * ties: max shares the gradient equally among tied maxima (over one axis, several, all); softmax-likes of
