@@ -5,7 +5,6 @@ Each test builds a module with random (float64) parameters, runs it on small ran
 output with the equation written out in plain NumPy (tests/defs_reference.py, loops where clearer). The
 golden runs (tests/test_golden.py) stay a regression net; no definition here rests on them.
 """
-import math
 
 import numpy as np
 import pytest
