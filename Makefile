@@ -49,7 +49,7 @@ golden: venv
 	$(PY) -m pytest -q tests/test_golden.py tests/test_split_checksums.py
 	git diff --stat -- tests/golden
 
-# Semantic mutants planted one at a time in a temporary copy of the tree (issue 31 item 5); ~20-30 min on 2 cores.
+# Semantic mutants planted one at a time in a temporary copy of the tree (issue 31 item 5); ~18 min on 2 cores.
 mutation: venv
 	$(PY) tests/mutation.py $(ARGS)
 

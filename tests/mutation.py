@@ -8,7 +8,7 @@ restores the file. A mutant that no test kills is then run against tests/test_go
 what only the 3-step snapshot catches. It prints each survivor and the share killed without and with
 the golden snapshot.
 
-    .venv/bin/python tests/mutation.py                 # the whole catalogue (~20-30 min on 2 cores)
+    .venv/bin/python tests/mutation.py                 # the whole catalogue (18 min on 2 busy cores)
     .venv/bin/python tests/mutation.py --only geometric --no-golden
     .venv/bin/python tests/mutation.py --list
 
