@@ -3,6 +3,7 @@
 #   make test-slow                              the slow training checks
 #   make golden                                 rewrite tests/golden/* after an intended change, then check them
 #   make mutation [ARGS="--only NAME"]          plant the mutant catalogue (tests/mutation.py) into a copy; not CI
+#   make mutation ARGS="--section definitions"  only the definitions section (attention, models, data, checker)
 #   make train TASK=ctl MODEL=ndr DEVICE=cpu ARGS="--steps 1000"
 #   make plot RUN=runs/ctl-ndr-cpu-s0 [TASK=ctl MODEL=ndr]  pictures of a checkpoint into RUN/plots
 #   make bench                                  launches per step (tests/counting.py), engine/model speed (not a test)

@@ -18,9 +18,9 @@ from minattn.attention.multihead import MultiHeadAttention
 from minattn.attention.relative import RelativeMultiHeadAttention
 from minattn.backend import RNG
 from minattn.engine import Tensor, eval_mode
-from minattn.models.transformer import (Classifier, CopyGateLayer, DecoderLayer, EncoderConfig,
-                                        EncoderDecoderConfig, EncoderLayer, PostLNLayer, Seq2SeqTransformer,
-                                        keras_attention)
+from minattn.models.encoder import ARCHITECTURES, Classifier, CopyGateLayer, EncoderConfig, PostLNLayer
+from minattn.models.seq2seq import (DecoderLayer, EncoderDecoderConfig, EncoderLayer, Seq2SeqTransformer,
+                                    keras_attention)
 
 from . import defs_reference as ref
 from .defs_reference import arr
@@ -306,6 +306,11 @@ MODELS = {
     "transformer-compositional": (PostLNLayer, CompositionalAttention, None, True),
     "transformer-coda": (PostLNLayer, CoDAttention, None, True),
 }
+
+
+def test_every_architecture_is_pinned():
+    """A model added to the registry (models/encoder.py ARCHITECTURES) must get its row in MODELS above."""
+    assert sorted(MODELS) == sorted(ARCHITECTURES)
 
 
 @pytest.mark.parametrize("name", list(MODELS))

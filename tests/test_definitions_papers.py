@@ -16,9 +16,9 @@ from minattn.backend import RNG
 from minattn.engine import Tensor, eval_mode
 from minattn.models.abstractor import (Abstractor, AbstractorConfig, AbstractorLayer, AbstractorSeq2Seq,
                                        RelationalClassifier, SimplifiedConfig)
-from minattn.models.crt import CRTConfig, CRTModel
+from minattn.models.compositional import CRTConfig, CRTModel
 from minattn.models.seq2attn import Seq2Attn, model_config
-from minattn.models.transformer import CoDASeq2SeqTransformer, EncoderDecoderConfig
+from minattn.models.seq2seq import CoDASeq2SeqTransformer, EncoderDecoderConfig
 
 from . import defs_reference as ref
 from .defs_reference import arr
