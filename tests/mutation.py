@@ -10,7 +10,7 @@ the golden snapshot.
 
     .venv/bin/python tests/mutation.py                 # the whole catalogue (18 min on 2 busy cores)
     .venv/bin/python tests/mutation.py --only geometric --no-golden
-    .venv/bin/python tests/mutation.py --section definitions   # the definitions section alone
+    .venv/bin/python tests/mutation.py --section definitions   # that section alone (8 min on 2 busy cores)
     .venv/bin/python tests/mutation.py --list
 
 Mutants known to be equivalent (no test can kill them: same values) are listed in EQUIVALENT with the
@@ -354,9 +354,9 @@ DEFINITIONS = [
     M("minattn/gradcheck.py", "break\n    for a in int_tensors", "continue\n    for a in int_tensors",
       "(equivalent) keep checking after a failure"),
     # --- the suite's own modes (tests/) ---------------------------------------------------------------------
-    M("tests/test_golden.py", "        pytest.fail(f\"MINATTN_UPDATE_GOLDEN=1", "        print(f\"MINATTN_UPDATE_GOLDEN=1",
+    M("tests/test_golden.py", "        pytest.fail(f\"MINATTN_UPDATE_GOLDEN=1", "        (lambda *a, **k: None)(f\"MINATTN_UPDATE_GOLDEN=1",
       "update mode passes"),
-    M("tests/test_split_checksums.py", "        pytest.fail(f\"MINATTN_REGEN_GOLDEN=1", "        return print(f\"MINATTN_REGEN_GOLDEN=1",
+    M("tests/test_split_checksums.py", "        pytest.fail(f\"MINATTN_REGEN_GOLDEN=1", "        return (lambda *a, **k: None)(f\"MINATTN_REGEN_GOLDEN=1",
       "regen mode passes"),
 ]
 
