@@ -1,6 +1,9 @@
 # minattn — `make test` and `make train` set up a virtual environment in .venv on first use.
 #   make test [DEVICE=gpu]                      the test suite (DEVICE=gpu: GPU cases must run, not skip)
 #   make test-slow                              the slow training checks
+#   make golden                                 rewrite tests/golden/* after an intended change, then check them
+#   make mutation [ARGS="--only NAME"]          plant the mutant catalogue (tests/mutation.py) into a copy; not CI
+#   make mutation ARGS="--section definitions"  only the definitions section (attention, models, data, checker)
 #   make train TASK=ctl MODEL=ndr DEVICE=cpu ARGS="--steps 1000"
 #   make plot RUN=runs/ctl-ndr-cpu-s0 [TASK=ctl MODEL=ndr]  pictures of a checkpoint into RUN/plots
 #   make bench                                  launches per step (tests/counting.py), engine/model speed (not a test)
@@ -21,7 +24,7 @@ CUPY_EXTRA ?= [ctk]
 # BLAS threads: 1 was faster for these small models on a shared 2-core machine (see README).
 export OPENBLAS_NUM_THREADS ?= 1
 
-.PHONY: venv test test-slow train plot bench gpu-check clean
+.PHONY: venv test test-slow golden mutation train plot bench gpu-check clean
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,6 +52,16 @@ test: venv
 
 test-slow: venv
 	$(PY) -m pytest -q -m slow
+
+# The update run fails by design (a run that rewrote its snapshots never passes); the plain run after it must pass.
+golden: venv
+	-MINATTN_UPDATE_GOLDEN=1 MINATTN_REGEN_GOLDEN=1 $(PY) -m pytest -q tests/test_golden.py tests/test_split_checksums.py
+	$(PY) -m pytest -q tests/test_golden.py tests/test_split_checksums.py
+	git diff --stat -- tests/golden
+
+# Semantic mutants planted one at a time in a temporary copy of the tree (issue 31 item 5); ~18 min on 2 cores.
+mutation: venv
+	$(PY) tests/mutation.py $(ARGS)
 
 train: venv
 	$(PY) train.py --task $(TASK) --model $(MODEL) --device $(DEVICE) $(ARGS)

@@ -9,6 +9,10 @@ requires grad, the directional derivative along a random unit direction v:
 
 One direction per tensor costs two forward passes, so a whole module is cheap; ``elementwise=True``
 checks every entry separately instead (for debugging a failing op).
+
+Defaults: eps = 1e-6, rtol = 1e-4, atol = 1e-6. A direction fails when |numeric − analytic| >
+atol + rtol·|numeric|, or when either value is NaN or ±inf (tests/test_checker.py pins all of this: a
+gradient wrong by 1% fails at these tolerances).
 """
 import numpy as np
 
@@ -89,7 +93,7 @@ def check_backward(fn, inputs, params=(), eps=1e-6, atol=1e-6, rtol=1e-4, seed=0
             t.data = orig
             numeric = (lp - lm) / (2 * eps)
             analytic = float((grad_np * d).sum())
-            if not np.isfinite(analytic) or abs(numeric - analytic) > atol + rtol * abs(numeric):
+            if not (np.isfinite(analytic) and np.isfinite(numeric)) or abs(numeric - analytic) > atol + rtol * abs(numeric):
                 where = f"entry {np.unravel_index(k, t.shape)}" if elementwise else f"direction {k}"
                 failures.append(f"{name} {tuple(t.shape)} {where}: numeric {numeric:.8g} vs analytic "
                                 f"{analytic:.8g} (|diff| {abs(numeric - analytic):.3g} > atol {atol} + "

@@ -12,13 +12,17 @@ Two snapshots under ``tests/golden/``:
 
 Regenerate after an intended change of behaviour, and say why in the commit:
 
-    MINATTN_UPDATE_GOLDEN=1 .venv/bin/python -m pytest -q tests/test_golden.py
+    make golden        (MINATTN_UPDATE_GOLDEN=1 on these tests, then a plain run that must pass)
+
+With MINATTN_UPDATE_GOLDEN=1 each test writes its file and then FAILS: a run that rewrote the snapshots
+never counts as a passing run (issue 31 item 4).
 """
 import dataclasses
 import json
 import os
 
 import numpy as np
+import pytest
 
 import tasks
 import train
@@ -43,6 +47,8 @@ def _compare_or_update(name, actual, compare):
         with open(path, "w") as f:
             json.dump(actual, f, indent=1, sort_keys=True)
             f.write("\n")
+        pytest.fail(f"MINATTN_UPDATE_GOLDEN=1: rewrote tests/golden/{name} instead of comparing; review its diff "
+                    "and run the tests without it", pytrace=False)
     with open(path) as f:
         compare(json.load(f), json.loads(json.dumps(actual)))   # through JSON: tuples become lists
 

@@ -9,7 +9,9 @@ drawn from a seeded generator in each pool.
 
 After a deliberate change to a generator, regenerate the golden file and review its diff:
 
-    MINATTN_REGEN_GOLDEN=1 .venv/bin/python -m pytest -q tests/test_split_checksums.py
+    make golden        (MINATTN_REGEN_GOLDEN=1 on this file, then a plain run that must pass)
+
+With MINATTN_REGEN_GOLDEN=1 each case writes its checksums and then FAILS, so a regeneration run never passes.
 """
 import hashlib
 import json
@@ -137,7 +139,8 @@ def test_split_checksums(case, tmp_path):
         with open(GOLDEN, "w") as f:
             json.dump(dict(sorted(golden.items())), f, indent=1)
             f.write("\n")
-        return
+        pytest.fail(f"MINATTN_REGEN_GOLDEN=1: wrote the checksums of {case} instead of comparing; review the diff "
+                    "and run the tests without it", pytrace=False)
     want = _golden().get(case)
     assert want is not None, f"no golden checksums for {case!r}: see this file's docstring to regenerate"
     assert got == want, f"{case}: the split data changed (split: got vs golden) " + ", ".join(
