@@ -15,7 +15,7 @@ import tempfile
 
 import numpy as np
 
-from .recipes.base import UsageError
+from .errors import UsageError
 
 CHECKPOINT_VERSION = 2   # 1: checkpoint.pkl (pickle), read only by --convert
 

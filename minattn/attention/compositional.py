@@ -40,7 +40,7 @@ def search_mask(key_mask, T, mask_diagonal, like):
 
 
 class CompositionalAttention(Module):
-    last_weights = last_value_scores = None  # kept when ``record`` is on (see UniversalEncoder's trace)
+    last_weights = None  # kept when ``record`` is on (see UniversalEncoder's trace)
 
     def __init__(self, d_model, n_search, n_retrieval, search_dim=None, value_dim=None, score="dot",
                  concat=False, separate=False, mask_diagonal=False, rng=None):
@@ -94,7 +94,7 @@ class CompositionalAttention(Module):
         y = self.out(h)                                                         # Eq. 14
         c = c.transpose(0, 2, 1, 3)                                             # (B, T, S, R)
         if self.record:
-            self.last_weights, self.last_value_scores = A, c
+            self.last_weights = A
         return (y, A, c) if return_weights else y
 
     def value_scores(self, q_bar, O_sr):

@@ -14,7 +14,7 @@ differ at test time). Two layer types:
   Gate dropout (code only) zeroes the whole gate of a column for a step: that column copies.
 
 ``Classifier`` embeds [SOS, x…, EOS], runs the encoder and reads one column (EOS or SOS) through a
-linear layer. ``build_classifier(name, ...)`` builds the six models of the README's table by name.
+linear layer; ``Classifier(name, ...)`` builds the models of the README's table by name.
 """
 import math
 from dataclasses import dataclass
@@ -214,10 +214,6 @@ class Classifier(Module):
         h = self.encoder(ids, key_mask, n_steps=n_steps, trace=trace)
         column = lengths - 1 if self.cfg.readout == "eos" else xp.zeros(B, dtype=lengths.dtype)
         return self.head(h[xp.arange(B), column])
-
-
-def build_classifier(name, n_tokens, n_classes, cfg, seed=0):
-    return Classifier(name, n_tokens, n_classes, cfg, seed)
 
 
 # ==========================================================================================================
