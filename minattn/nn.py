@@ -14,7 +14,7 @@ import numpy as np
 
 from . import backend
 from . import functional as F
-from .engine import Tensor, is_training
+from .engine import Tensor, faster, is_training
 
 
 class Parameter(Tensor):
@@ -102,25 +102,16 @@ class Module:
                 m.rng = rng
         return self
 
-    # --- weights built from parameters, once per shared-layer pass ---------------------------------
-    @contextlib.contextmanager
-    def sharing(self):
-        """Inside, ``once(name, make)`` of this module and its submodules returns what ``make()`` gave the
-        first time. A shared layer applied n times (UniversalEncoder) builds the tensors it derives from
-        its parameters (two weight matrices side by side) once per pass instead of n times: on a GPU
-        each is a launch forward and back. Outside, ``once`` calls ``make()`` every time, so a parameter
-        changed in place (an optimizer step, a gradient check) is always seen. A scope covers one forward
-        pass: what it made belongs to that pass's graph (a second pass or backward in it would reuse it)."""
-        fresh = [m for _, m in self.named_modules() if "_once" not in vars(m)]   # nested scopes: the outer one's
-        for m in fresh:
-            m._once = {}
-        try:
-            yield self
-        finally:
-            for m in fresh:
-                del m._once
+    # --- a module applied n times in one pass (the seam of minattn/fast/shared_layer.py) --------------
+    def repeated(self, n):
+        """A context for a block that applies this module n times in one forward pass (a shared layer).
+        On the textbook path it does nothing; the annex's form builds what ``once`` makes once for all n
+        applications and draws the dropout masks of all n at once."""
+        return faster(applied_each_time)(self, n)
 
     def once(self, name, make):
+        """``make()``: tensors the module derives from its parameters (two weights side by side, say), made
+        at every call, or taken from the cache ``_once`` that the shared-layer annex sets up."""
         cache = vars(self).get("_once")
         if cache is None:
             return make()
@@ -148,6 +139,11 @@ class Module:
             raise ValueError("state_dict does not match the model: " + ", ".join(parts))
         for k, p in params.items():
             p.data = backend.to_device(np.asarray(state[k]), backend.device_of(p.data), p.data.dtype)
+
+
+def applied_each_time(module, n):
+    """The textbook form of ``Module.repeated``: nothing shared, every application builds its own."""
+    return contextlib.nullcontext(module)
 
 
 def _children(name, v, kind):
@@ -225,38 +221,29 @@ class Dropout(Module):
     """Inverted dropout drawing from ``self.rng`` (set by ``Module.set_rng``); off in eval.
 
     ``scale=False`` keeps the kept entries as they are (a gate that closes, not a rescaled activation);
-    ``shared_axes`` share one draw along those axes (e.g. (-1,): a whole column at once). ``plan(n)``
-    says the next n calls get inputs of one shape, as a shared layer applied n times per step does: their
-    masks are then drawn at once, one draw of three array operations instead of n (on a GPU each is a
-    kernel launch). With one draw per call the masks are the bits ``F.dropout`` draws.
+    ``shared_axes`` share one draw along those axes (e.g. (-1,): a whole column at once). A mask is
+    ``mask()``'s fresh draw, or the next of the masks the shared-layer annex drew ahead (``_plan``).
     """
 
     def __init__(self, p, rng=None, scale=True, shared_axes=()):
         if not 0 <= p < 1:   # checked here too, so a bad setting fails when the model is built
             raise ValueError(f"dropout probability must be in [0, 1), got {p}")
         self.p, self.rng, self.scale, self.shared_axes = p, rng, scale, tuple(shared_axes)
-        self.draws, self._masks = 1, None
-
-    def plan(self, n):
-        self.draws, self._masks = max(1, n), None
 
     def forward(self, x):
         if not (self.training and is_training()) or self.p == 0:
             return x
-        return x * self._next_mask(x)
-
-    def _next_mask(self, x):
         shape = tuple(1 if a in self.shared_axes or a - x.ndim in self.shared_axes else n
                       for a, n in enumerate(x.shape))
-        masks = self._masks
-        if masks is None or masks[0] is not self.rng or masks[1] != (shape, x.dtype) or masks[3] == self.draws:
-            if self.rng is None:
-                raise ValueError("dropout in training mode needs an RNG: call model.set_rng(backend.RNG(seed, device))")
-            keep = self.rng.keep_mask((self.draws,) + shape, self.p)
-            drawn = keep * x.dtype.type(1 / (1 - self.p)) if self.scale else keep.astype(x.dtype)
-            masks = self._masks = [self.rng, (shape, x.dtype), drawn, 0]
-        masks[3] += 1
-        return masks[2][masks[3] - 1]
+        plan = vars(self).get("_plan")
+        return x * (self.mask(shape, x.dtype) if plan is None else plan.next(self, shape, x.dtype))
+
+    def mask(self, shape, dtype):
+        """Entries 1/(1 − p) (or 1 without ``scale``) with probability 1 − p, else 0."""
+        if self.rng is None:
+            raise ValueError("dropout in training mode needs an RNG: call model.set_rng(backend.RNG(seed, device))")
+        keep = self.rng.keep_mask(shape, self.p)
+        return keep * dtype.type(1 / (1 - self.p)) if self.scale else keep.astype(dtype)
 
 
 class FeedForward(Module):
