@@ -102,12 +102,25 @@ class Module:
                 m.rng = rng
         return self
 
-    # --- a module applied n times in one pass (the seam of minattn/fast/shared_layer.py) --------------
+    # --- a module applied n times in one pass -----------------------------------------------------
+    @contextlib.contextmanager
     def repeated(self, n):
-        """A context for a block that applies this module n times in one forward pass (a shared layer).
-        On the textbook path it does nothing; the annex's form builds what ``once`` makes once for all n
-        applications and draws the dropout masks of all n at once."""
-        return faster(applied_each_time)(self, n)
+        """A block that applies this module n times in one forward pass (a shared layer).
+
+        Each of its dropouts draws the masks of its n applications at once, at the first (``MaskPlan``).
+        That fixes the order in which the run's one random stream is read (the first dropout's n masks,
+        then the next one's, ...), which resumed runs and the golden runs rely on; it is the same on both
+        paths. The seam of the shared-layer annex (minattn/fast/shared_layer.py): its form of
+        ``applied_each_time`` builds what ``once`` makes once for all n applications."""
+        planned = [m for _, m in self.named_modules() if isinstance(m, Dropout) and "_plan" not in vars(m)]
+        for m in planned:
+            m._plan = MaskPlan(n)
+        try:
+            with faster(applied_each_time)(self, n):
+                yield self
+        finally:
+            for m in planned:
+                del m._plan
 
     def once(self, name, make):
         """``make()``: tensors the module derives from its parameters (two weights side by side, say), made
@@ -142,7 +155,7 @@ class Module:
 
 
 def applied_each_time(module, n):
-    """The textbook form of ``Module.repeated``: nothing shared, every application builds its own."""
+    """In ``Module.repeated``, on the textbook path: nothing shared, every application builds its own."""
     return contextlib.nullcontext(module)
 
 
@@ -222,7 +235,7 @@ class Dropout(Module):
 
     ``scale=False`` keeps the kept entries as they are (a gate that closes, not a rescaled activation);
     ``shared_axes`` share one draw along those axes (e.g. (-1,): a whole column at once). A mask is
-    ``mask()``'s fresh draw, or the next of the masks the shared-layer annex drew ahead (``_plan``).
+    ``mask()``'s fresh draw, or inside ``Module.repeated`` the next of the masks drawn ahead (``_plan``).
     """
 
     def __init__(self, p, rng=None, scale=True, shared_axes=()):
@@ -244,6 +257,20 @@ class Dropout(Module):
             raise ValueError("dropout in training mode needs an RNG: call model.set_rng(backend.RNG(seed, device))")
         keep = self.rng.keep_mask(shape, self.p)
         return keep * dtype.type(1 / (1 - self.p)) if self.scale else keep.astype(dtype)
+
+
+class MaskPlan:
+    """The masks of a dropout's next n calls, drawn together (one draw: on a GPU three kernel launches
+    instead of 3n) when the first is asked for, and handed out in turn."""
+
+    def __init__(self, n):
+        self.n, self.masks, self.key, self.used = max(1, n), None, None, 0
+
+    def next(self, dropout, shape, dtype):
+        if self.masks is None or self.key != (dropout.rng, shape, dtype) or self.used == self.n:
+            self.masks, self.key, self.used = dropout.mask((self.n,) + shape, dtype), (dropout.rng, shape, dtype), 0
+        self.used += 1
+        return self.masks[self.used - 1]
 
 
 class FeedForward(Module):
