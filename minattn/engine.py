@@ -2,13 +2,16 @@
 
 A ``Tensor`` wraps an array (``.data``, NumPy or CuPy) and remembers the ``Function`` that made it
 (``.creator``). A ``Function`` computes on raw arrays in ``forward`` and maps the output gradient to
-input gradients in ``backward``. Calling ``loss.backward()`` walks the graph once in reverse
-topological order, without recursion (an unrolled RNN is thousands of nodes deep), reduces
-broadcast gradients with ``sum_to``, checks every gradient's shape and dtype, and frees the graph
-as it goes. Only leaf tensors (parameters, inputs) keep ``.grad``.
+input gradients in ``backward``. Calling ``loss.backward()`` orders the graph (``topological_order``),
+walks it once in reverse without recursion (an unrolled RNN is thousands of nodes deep), reduces
+broadcast gradients with ``sum_to``, checks every gradient's shape and dtype, adds them up (an
+``Accumulation``) and frees the graph as it goes. Only leaf tensors (parameters, inputs) keep ``.grad``.
 
 Graph lifetime: a Function holds its inputs strongly and its output not at all, so there are no
 reference cycles; a Tensor keeps its creator until backward has passed through it.
+
+Everything here is the textbook algorithm. The speed annex (minattn/fast/) joins it through
+``faster(plain_form)`` (bottom of this file); ``MINATTN_PLAIN=1`` or ``plain()`` switches it off.
 """
 import contextlib
 import itertools
