@@ -186,7 +186,7 @@ class Tensor:
                 node._g = None
             raise
 
-    # --- operators (the ops themselves live in ops.py) ------------------------------------------
+    # --- operators (the ops themselves live in minattn/ops/) ----------------------------------
     def __add__(self, other):
         return _ops.add(self, other)
 

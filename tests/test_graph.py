@@ -245,7 +245,7 @@ BUILDERS = {
 }
 assert set(BUILDERS) == set(OPS)
 # Ops that hand one gradient buffer to two inputs (add, x + x, concat of a node with itself) and slices of
-# one node (whose gradients the engine puts together: ops.Slices) are where the engine's accumulation is
+# one node (whose gradients the annex puts together: fast.slices.Slices) are where the engine's accumulation is
 # most easily wrong: draw them more often.
 WEIGHTS = {"add": 6.0, "sub": 2.0, "concat": 2.0, "stack": 1.5, "mul": 2.0, "getitem_basic": 2.0,
            "getitem_element": 2.0}
