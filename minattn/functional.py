@@ -1,8 +1,8 @@
 """minattn.functional (import as ``F``): the functions models are written with.
 
 Primitives come from ``ops`` (layer norm among them, fused beside its composed form); the composites
-here (dropout, Gumbel-softmax) are built from ops and so get correct gradients for free. Signatures follow PyTorch's, with
-NumPy's ``axis=`` keyword.
+here (dropout, Gumbel-softmax) are built from ops and so get correct gradients for free. Signatures
+follow PyTorch's, with NumPy's ``axis=`` keyword.
 """
 from .backend import array_module
 from .engine import Tensor, is_training
