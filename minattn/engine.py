@@ -162,11 +162,11 @@ class Tensor:
         self._g = grad
         try:
             for node in nodes:
-                g = acc.take(node)                       # the sum of the gradients sent to node (or None)
-                fn = node.creator
-                if g is None or fn is None:              # a leaf: keep its gradient as .grad
-                    if g is not None:
-                        acc.keep(node, g)
+                g, fn = acc.take(node), node.creator     # the sum of the gradients sent to node (or None)
+                if g is None:
+                    continue
+                if fn is None:                           # a leaf: keep its gradient as .grad
+                    acc.keep(node, g)
                     continue
                 if fn is _FREED:
                     raise RuntimeError("backward through a graph that an earlier backward() already freed")
