@@ -45,12 +45,14 @@ import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from minattn import backend, optim, viz  # noqa: E402
-from minattn.recipes import RECIPES, UsageError, recipe_for  # noqa: E402
+from minattn.errors import UsageError  # noqa: E402
+from minattn.recipes import RECIPES, recipe_for  # noqa: E402
 from minattn.recipes.base import field_types, older_metrics, optimizer, schedule, stop_early  # noqa: E402
+from minattn.report import report  # noqa: E402
 from minattn.rundir import (CHECKPOINT, Terminated, append_line, convert, handling_signals, identity,  # noqa: E402
-                            load_checkpoint, locked, missing_top, parse_settings, remove_empty, repair_log, report,
-                            resume_check, resume_settings, running_sums, save_checkpoint, saved_settings,
-                            stop_at_step_end, terminated, to_json, writable, write_atomic)
+                            load_checkpoint, locked, missing_top, remove_empty, repair_log, running_sums,
+                            save_checkpoint, stop_at_step_end, terminated, to_json, writable, write_atomic)
+from minattn.settings import parse_settings, resume_check, resume_settings, saved_settings  # noqa: E402
 
 
 class Diverged(Exception):

@@ -227,12 +227,6 @@ class RNG:
             return self._gen.integers(0, 65536, size=shape, dtype=np.uint16) >= round(p_drop * 65536)
         return self._gen.random_sample(shape, dtype=np.float32) >= p_drop
 
-    def normal(self, shape, dtype=None):
-        dtype = dtype or DEFAULT_DTYPE
-        if isinstance(self._gen, np.random.Generator):
-            return self._gen.standard_normal(shape, dtype=np.float64 if dtype == np.float64 else np.float32)
-        return self._gen.standard_normal(shape, dtype=dtype)
-
     def gumbel(self, shape, dtype=None):
         """Standard Gumbel noise -log(-log U), with U kept away from 0 and 1 so it is finite."""
         u = self.uniform(shape, dtype)

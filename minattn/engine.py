@@ -2,16 +2,20 @@
 
 A ``Tensor`` wraps an array (``.data``, NumPy or CuPy) and remembers the ``Function`` that made it
 (``.creator``). A ``Function`` computes on raw arrays in ``forward`` and maps the output gradient to
-input gradients in ``backward``. Calling ``loss.backward()`` walks the graph once in reverse
-topological order, without recursion (an unrolled RNN is thousands of nodes deep), reduces
-broadcast gradients with ``sum_to``, checks every gradient's shape and dtype, and frees the graph
-as it goes. Only leaf tensors (parameters, inputs) keep ``.grad``.
+input gradients in ``backward``. Calling ``loss.backward()`` orders the graph (``topological_order``),
+walks it once in reverse without recursion (an unrolled RNN is thousands of nodes deep), reduces
+broadcast gradients with ``sum_to``, checks every gradient's shape and dtype, adds them up (an
+``Accumulation``) and frees the graph as it goes. Only leaf tensors (parameters, inputs) keep ``.grad``.
 
 Graph lifetime: a Function holds its inputs strongly and its output not at all, so there are no
 reference cycles; a Tensor keeps its creator until backward has passed through it.
+
+Everything here is the textbook algorithm. The speed annex (minattn/fast/) joins it through
+``faster(plain_form)`` (bottom of this file); ``MINATTN_PLAIN=1`` or ``plain()`` switches it off.
 """
 import contextlib
 import itertools
+import os
 
 import numpy as np
 
@@ -21,6 +25,8 @@ from . import backend
 class _Mode:
     grad = True    # record the graph?
     train = True   # dropout and other training-only behaviour on?
+    # the textbook path: every annex of minattn/fast/ off, fused ops in their composed form (README)
+    plain = os.environ.get("MINATTN_PLAIN", "") not in ("", "0")
 
 
 @contextlib.contextmanager
@@ -41,6 +47,20 @@ def eval_mode():
         yield
     finally:
         _Mode.train = old
+
+
+@contextlib.contextmanager
+def plain(on=True):
+    """Run the block on the textbook path (``on=False``: with the annex), whatever MINATTN_PLAIN says."""
+    old, _Mode.plain = _Mode.plain, on
+    try:
+        yield
+    finally:
+        _Mode.plain = old
+
+
+def is_plain():
+    return _Mode.plain
 
 
 def is_grad_enabled():
@@ -119,108 +139,54 @@ class Tensor:
     def item(self):
         return self.numpy().item()
 
-    def detach(self):
-        return Tensor(self.data)
-
     # --- backward --------------------------------------------------------------------------------
     def backward(self, grad=None):
-        """Accumulate d(self)/d(leaf) · grad into every leaf's ``.grad`` and free the graph.
+        """Add d(self)/d(leaf) · grad to the ``.grad`` of every leaf that requires grad, then free the graph.
 
-        ``grad`` defaults to ones (the usual case: a scalar loss). Gradient buffers are shared
-        freely: an op that passes its gradient through (add, reshape, broadcast...) hands one array
-        to several inputs, and ``grad`` itself belongs to the caller. So the engine never adds into
-        an incoming gradient. On NumPy it adds a tensor's gradients as they arrive, in place only into
-        a buffer it made for that tensor (a Deferred one, a slice's, is collected as below); on other
-        devices (CuPy) it collects them and sums them when
-        it reaches the tensor, two with one add, more with one stack and one sum: 2 array operations
-        instead of one per use, which matters for a shared layer applied 14 times (on a GPU each is a
-        kernel launch; see ``_sum_in_order`` for the bits). A leaf keeps a gradient as its ``.grad``
-        only if the engine made that array, else a copy: no array is the ``.grad`` of two leaves.
+        Reverse-mode automatic differentiation, the textbook algorithm: (1) collect the tensors that lead
+        to ``self`` and order them so that each comes before its inputs; (2) give ``self`` the gradient
+        ``grad`` (ones for a scalar loss); (3) for each tensor in that order, call its creator's
+        ``Function.backward`` on the sum of the gradients its consumers sent it, sum each input gradient
+        back to the input's shape where the forward broadcast it (``sum_to``), check its shape and dtype
+        (naming the op), and add it to that input's sum (an ``Accumulation``); a leaf keeps its sum as
+        ``.grad``. (4) Each tensor lets go of its creator as we pass it: the graph is freed on the way.
         """
         if not self.requires_grad:
             raise RuntimeError("backward() on a tensor that does not require grad "
                                "(was it computed under no_grad(), or from constants only?)")
-        xp = backend.array_module(self.data)
-        if grad is None:
-            grad = xp.ones_like(self.data)
-        elif isinstance(grad, Tensor):
-            grad = grad.data
+        grad = backend.array_module(self.data).ones_like(self.data) if grad is None else _data(grad)
         if grad.shape != self.shape:
             raise ValueError(f"backward: grad shape {grad.shape} != tensor shape {self.shape}")
-
-        # Collect the graph without recursion. Every recorded tensor is numbered at creation and an
-        # op's output is always created after its inputs, so descending numbers are a topological
-        # order (leaves, numbered 0, come last).
-        nodes, seen, i = [self], {id(self)}, 0
-        while i < len(nodes):
-            for t in nodes[i].creator.inputs if nodes[i].creator is not None else ():
-                if t.requires_grad and id(t) not in seen:
-                    seen.add(id(t))
-                    nodes.append(t)
-            i += 1
-        nodes.sort(key=_by_seq, reverse=True)
-
-        # On NumPy each gradient is added as it arrives (cache-hot, little memory held); elsewhere
-        # they are collected and summed once (fewer kernel launches). ``owns``: the tensors (alive in
-        # ``nodes`` until we return, so their ids stay theirs) whose ``_g`` the engine made for them.
+        nodes = topological_order(self)
+        acc = faster(Accumulation)()
         self._g = grad
-        cpu, owns = xp is np, set()
         try:
             for node in nodes:
-                g, node._g = node._g, None
+                g, fn = acc.take(node), node.creator     # the sum of the gradients sent to node (or None)
                 if g is None:
                     continue
-                if type(g) is list or isinstance(g, Deferred):
-                    g, owned = _total(xp, g if type(g) is list else [g]), True
-                else:
-                    owned = id(node) in owns  # a buffer the engine made for this tensor alone
-                fn = node.creator
-                if fn is None:  # a leaf: store or accumulate, never aliasing an array held elsewhere
-                    if node.grad is None:
-                        node.grad = g if owned else g.copy()
-                    else:
-                        node.grad = node.grad + g
+                if fn is None:                           # a leaf: keep its gradient as .grad
+                    acc.keep(node, g)
                     continue
                 if fn is _FREED:
                     raise RuntimeError("backward through a graph that an earlier backward() already freed")
-                node.creator = _FREED  # free the graph behind us (and remember that we did)
+                node.creator = _FREED                    # free the graph behind us (and remember that we did)
                 gxs = fn.backward(g)
-                if type(gxs) is not tuple:
-                    gxs = (gxs,)
-                for t, gx in zip(fn.inputs, gxs):
+                for t, gx in zip(fn.inputs, gxs if type(gxs) is tuple else (gxs,)):
                     if gx is None or not t.requires_grad:
                         continue
-                    data = t.data
-                    if gx.shape != data.shape:
-                        # off NumPy a leaf (a parameter, maybe of a shared layer) reduces all at once
-                        gx = sum_to(gx, data.shape) if cpu or t.creator is not None else SumTo(gx, data.shape)
-                        if gx.shape != data.shape:
-                            raise ValueError(f"{type(fn).__name__}.backward returned shape {gx.shape} "
-                                             f"for an input of shape {data.shape}")
-                    if gx.dtype != data.dtype:
-                        raise TypeError(f"{type(fn).__name__}.backward returned {gx.dtype} "
-                                        f"for a {data.dtype} input")
-                    prev = t._g      # arrays here may be shared with other inputs: never written into
-                    if prev is None:
-                        t._g = gx
-                    elif cpu and type(prev) is np.ndarray and type(gx) is np.ndarray:
-                        # a buffer of t's own, made by the first sum, takes the rest in place
-                        if id(t) in owns:
-                            prev += gx
-                        else:
-                            t._g = prev + gx
-                            owns.add(id(t))
-                    elif type(prev) is list:
-                        prev.append(gx)
-                    else:
-                        t._g = [prev, gx]
+                    if gx.shape != t.data.shape:         # the forward broadcast t: sum the copies back
+                        gx = acc.sum_to(gx, t)
+                    if gx.shape != t.data.shape or gx.dtype != t.data.dtype:
+                        raise _mismatch(fn, gx, t)
+                    acc.add(t, gx)
                 fn.inputs = None
         except BaseException:
             for node in nodes:
                 node._g = None
             raise
 
-    # --- operators (the ops themselves live in ops.py) ------------------------------------------
+    # --- operators (the ops themselves live in minattn/ops/) ----------------------------------
     def __add__(self, other):
         return _ops.add(self, other)
 
@@ -323,59 +289,68 @@ class Tensor:
         return _ops.relu(self)
 
 
-class Deferred:
-    """A gradient a backward hands to the engine unevaluated, so that it can evaluate all gradients of
-    one kind of a tensor together: a parameter of a layer applied n times per step gets n of them, and
-    n matrix products (or reductions) cost n array operations where one on concatenated inputs costs
-    two or three (ops.Outer, ops.Slices, SumTo). ``total(items)`` evaluates a list of them; the sum is
-    then taken in another order than one by one (the last bits may differ). NumPy launches no kernels,
-    and there concatenating the inputs costs more than it saves: ops make them only off NumPy, where
-    the gradient is not an ``np.ndarray``, except ``ops.Slices``, which saves passes over memory on NumPy
-    too (slices that tile an axis: one concatenate instead of a zeros array per slice and the adds)."""
-    __slots__ = ("shape", "dtype")
+def topological_order(root):
+    """The tensors that lead to ``root`` and require grad, each before its inputs.
+
+    Collected without recursion (an unrolled RNN is thousands of tensors deep). Every recorded tensor
+    is numbered at creation and an op's output is created after its inputs, so descending numbers are
+    a topological order (leaves, numbered 0, come last)."""
+    nodes, seen, i = [root], {id(root)}, 0
+    while i < len(nodes):
+        fn = nodes[i].creator
+        for t in fn.inputs if fn is not None else ():
+            if t.requires_grad and id(t) not in seen:
+                seen.add(id(t))
+                nodes.append(t)
+        i += 1
+    nodes.sort(key=_by_seq, reverse=True)
+    return nodes
 
 
-class SumTo(Deferred):
-    """``sum_to(g, shape)``: a broadcast gradient reduced to a leaf's shape (a bias, a scalar)."""
-    __slots__ = ("g",)
+class Accumulation:
+    """How ``Tensor.backward`` adds up each tensor's gradients: the textbook way, out of place.
 
-    def __init__(self, g, shape):
-        lead = g.ndim - len(shape)
-        fits = lead >= 0 and all(n in (1, m) for n, m in zip(shape, g.shape[lead:]))
-        self.g, self.shape, self.dtype = g, tuple(shape) if fits else g.shape, g.dtype
+    An op may hand one array to several inputs (add's backward returns ``gy`` twice) and ``grad``
+    belongs to the caller, so a sum never adds into an array it was given: ``prev + gx`` is a new one,
+    and a leaf's ``.grad`` is an array of its own (clipping scales gradients in place). The annex
+    (minattn/fast/accumulate.py) registers a faster policy, with the same four methods."""
 
-    @staticmethod
-    def total(items):
-        shape, gs = items[0].shape, [i.g for i in items]
-        if len(gs) > 1 and all(g.shape == gs[0].shape for g in gs):
-            return sum_to(backend.array_module(gs[0]).stack(gs), shape)   # one reduction over all of them
-        return _sum_arrays([sum_to(g, shape) for g in gs])
+    def take(self, t):
+        """The sum of the gradients sent to ``t`` (None if none was); ``t`` keeps nothing."""
+        g, t._g = t._g, None
+        return g
 
+    def add(self, t, gx):
+        t._g = gx if t._g is None else t._g + gx
 
-def _total(xp, items):
-    """The sum of a tensor's gradients: arrays and Deferred ones, each kind evaluated together."""
-    arrays, kinds = [], {}
-    for item in items:
-        if isinstance(item, Deferred):
-            kinds.setdefault(type(item), []).append(item)
-        else:
-            arrays.append(item)
-    return _sum_arrays(arrays + [kind.total(group) for kind, group in kinds.items()])
+    def sum_to(self, gx, t):
+        return sum_to(gx, t.data.shape)
+
+    def keep(self, leaf, g):
+        """Add ``g`` to the leaf's ``.grad``, never storing an array that someone else holds."""
+        leaf.grad = g.copy() if leaf.grad is None else leaf.grad + g
 
 
-def _sum_arrays(arrays):
-    if len(arrays) == 1:
-        return arrays[0]
-    return arrays[0] + arrays[1] if len(arrays) == 2 else _sum_in_order(backend.array_module(arrays[0]), arrays)
+def _mismatch(fn, gx, t):
+    what = (f"shape {gx.shape} for an input of shape {t.data.shape}" if gx.shape != t.data.shape
+            else f"{gx.dtype} for a {t.data.dtype} input")
+    return (ValueError if gx.shape != t.data.shape else TypeError)(f"{type(fn).__name__}.backward returned {what}")
 
 
-def _sum_in_order(xp, arrays):
-    """g0 + g1 + g2 + ... in two array operations. NumPy (under the strict and counting test devices)
-    sums a stack along axis 0 left to right, the bits of adding one by one, except for one-element
-    arrays, where the axis is contiguous and it sums pairwise: there a cumulative sum keeps the order.
-    A GPU reduction may add in another order."""
-    stacked = xp.stack(arrays)
-    return stacked.sum(axis=0) if arrays[0].size > 1 else xp.cumsum(stacked, axis=0)[-1]
+# --- the seam of the annex (minattn/fast/) ---------------------------------------------------------
+_FASTER = {}
+
+
+def register_faster(plain_form, fast_form):
+    """Let ``faster(plain_form)`` return ``fast_form``: how each file of the annex joins the core (a
+    faster subclass of an op or of ``Accumulation``, a flat-buffer optimizer step, ...)."""
+    _FASTER[plain_form] = fast_form
+
+
+def faster(plain_form):
+    """The annex's registered form of ``plain_form``, or ``plain_form`` itself on the textbook path
+    (MINATTN_PLAIN=1, ``plain()``) or when the annex registered none."""
+    return plain_form if _Mode.plain else _FASTER.get(plain_form, plain_form)
 
 
 def _by_seq(t):
@@ -384,10 +359,6 @@ def _by_seq(t):
 
 def _data(x):
     return x.data if isinstance(x, Tensor) else x
-
-
-def as_tensor(x):
-    return x if isinstance(x, Tensor) else Tensor(x)
 
 
 class _FreedGraph:

@@ -1,28 +1,14 @@
 """minattn.functional (import as ``F``): the functions models are written with.
 
-Primitives come from ``ops``; the composites here (dropout, Gumbel-softmax, the reference layer
-norm) are built from ops and so get correct gradients for free. Signatures follow PyTorch's, with
-NumPy's ``axis=`` keyword.
+Primitives come from ``ops`` (layer norm among them, fused beside its composed form); the composites
+here (dropout, Gumbel-softmax) are built from ops and so get correct gradients for free. Signatures
+follow PyTorch's, with NumPy's ``axis=`` keyword.
 """
-from . import ops
 from .backend import array_module, default_rng, device_of
 from .engine import Tensor, is_training
-from .ops import (abs, broadcast_to, concat, cross_entropy, cumsum, embedding, exp, linear, log,  # noqa: F401
-                  log_softmax, logsigmoid, masked_fill, matmul, max, maximum, mean, minimum, relu, reshape, sigmoid,
-                  softmax, softplus, sqrt, stack, straight_through, sum, swapaxes, tanh, transpose, where)
-
-
-def layer_norm(x, weight, bias, eps=1e-5):
-    """LayerNorm over the last axis (Ba et al. 2016), fused; ``layer_norm_reference`` is its
-    composite definition, which the tests compare it against."""
-    return ops.layer_norm_fused(x, weight, bias, eps)
-
-
-def layer_norm_reference(x, weight, bias, eps=1e-5):
-    mu = x.mean(axis=-1, keepdims=True)
-    xc = x - mu
-    var = (xc * xc).mean(axis=-1, keepdims=True)
-    return xc / (var + eps).sqrt() * weight + bias
+from .ops import (abs, broadcast_to, concat, cross_entropy, cumsum, embedding, exp, layer_norm, linear,  # noqa: F401
+                  log, log_softmax, logsigmoid, masked_fill, matmul, max, maximum, mean, minimum, relu, reshape,
+                  sigmoid, softmax, softplus, sqrt, stack, straight_through, sum, swapaxes, tanh, transpose, where)
 
 
 def dropout(x, p, rng, training=None):

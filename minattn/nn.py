@@ -14,7 +14,7 @@ import numpy as np
 
 from . import backend
 from . import functional as F
-from .engine import Tensor, is_training
+from .engine import Tensor, faster, is_training
 
 
 class Parameter(Tensor):
@@ -102,25 +102,29 @@ class Module:
                 m.rng = rng
         return self
 
-    # --- weights built from parameters, once per shared-layer pass ---------------------------------
+    # --- a module applied n times in one pass -----------------------------------------------------
     @contextlib.contextmanager
-    def sharing(self):
-        """Inside, ``once(name, make)`` of this module and its submodules returns what ``make()`` gave the
-        first time. A shared layer applied n times (UniversalEncoder) builds the tensors it derives from
-        its parameters (two weight matrices side by side) once per pass instead of n times: on a GPU
-        each is a launch forward and back. Outside, ``once`` calls ``make()`` every time, so a parameter
-        changed in place (an optimizer step, a gradient check) is always seen. A scope covers one forward
-        pass: what it made belongs to that pass's graph (a second pass or backward in it would reuse it)."""
-        fresh = [m for _, m in self.named_modules() if "_once" not in vars(m)]   # nested scopes: the outer one's
-        for m in fresh:
-            m._once = {}
+    def repeated(self, n):
+        """A block that applies this module n times in one forward pass (a shared layer).
+
+        Each of its dropouts draws the masks of its n applications at once, at the first (``MaskPlan``).
+        That fixes the order in which the run's one random stream is read (the first dropout's n masks,
+        then the next one's, ...), which resumed runs and the golden runs rely on; it is the same on both
+        paths. The seam of the shared-layer annex (minattn/fast/shared_layer.py): its form of
+        ``applied_each_time`` builds what ``once`` makes once for all n applications."""
+        planned = [m for _, m in self.named_modules() if isinstance(m, Dropout) and "_plan" not in vars(m)]
+        for m in planned:
+            m._plan = MaskPlan(n)
         try:
-            yield self
+            with faster(applied_each_time)(self, n):
+                yield self
         finally:
-            for m in fresh:
-                del m._once
+            for m in planned:
+                del m._plan
 
     def once(self, name, make):
+        """``make()``: tensors the module derives from its parameters (two weights side by side, say), made
+        at every call, or taken from the cache ``_once`` that the shared-layer annex sets up."""
         cache = vars(self).get("_once")
         if cache is None:
             return make()
@@ -148,6 +152,11 @@ class Module:
             raise ValueError("state_dict does not match the model: " + ", ".join(parts))
         for k, p in params.items():
             p.data = backend.to_device(np.asarray(state[k]), backend.device_of(p.data), p.data.dtype)
+
+
+def applied_each_time(module, n):
+    """In ``Module.repeated``, on the textbook path: nothing shared, every application builds its own."""
+    return contextlib.nullcontext(module)
 
 
 def _children(name, v, kind):
@@ -226,37 +235,42 @@ class Dropout(Module):
     ``backend.default_rng``); off in eval.
 
     ``scale=False`` keeps the kept entries as they are (a gate that closes, not a rescaled activation);
-    ``shared_axes`` share one draw along those axes (e.g. (-1,): a whole column at once). ``plan(n)``
-    says the next n calls get inputs of one shape, as a shared layer applied n times per step does: their
-    masks are then drawn at once, one draw of three array operations instead of n (on a GPU each is a
-    kernel launch). With one draw per call the masks are the bits ``F.dropout`` draws.
+    ``shared_axes`` share one draw along those axes (e.g. (-1,): a whole column at once). A mask is
+    ``mask()``'s fresh draw, or inside ``Module.repeated`` the next of the masks drawn ahead (``_plan``).
     """
 
     def __init__(self, p, rng=None, scale=True, shared_axes=()):
         if not 0 <= p < 1:   # checked here too, so a bad setting fails when the model is built
             raise ValueError(f"dropout probability must be in [0, 1), got {p}")
         self.p, self.rng, self.scale, self.shared_axes = p, rng, scale, tuple(shared_axes)
-        self.draws, self._masks = 1, None
-
-    def plan(self, n):
-        self.draws, self._masks = max(1, n), None
 
     def forward(self, x):
         if not (self.training and is_training()) or self.p == 0:
             return x
-        return x * self._next_mask(x)
-
-    def _next_mask(self, x):
         shape = tuple(1 if a in self.shared_axes or a - x.ndim in self.shared_axes else n
                       for a, n in enumerate(x.shape))
-        masks = self._masks
         rng = self.rng if self.rng is not None else backend.default_rng(backend.device_of(x.data))
-        if masks is None or masks[0] is not rng or masks[1] != (shape, x.dtype) or masks[3] == self.draws:
-            keep = rng.keep_mask((self.draws,) + shape, self.p)
-            drawn = keep * x.dtype.type(1 / (1 - self.p)) if self.scale else keep.astype(x.dtype)
-            masks = self._masks = [rng, (shape, x.dtype), drawn, 0]
-        masks[3] += 1
-        return masks[2][masks[3] - 1]
+        plan = vars(self).get("_plan")
+        return x * (self.mask(rng, shape, x.dtype) if plan is None else plan.next(self, rng, shape, x.dtype))
+
+    def mask(self, rng, shape, dtype):
+        """Entries 1/(1 − p) (or 1 without ``scale``) with probability 1 − p, else 0, drawn from ``rng``."""
+        keep = rng.keep_mask(shape, self.p)
+        return keep * dtype.type(1 / (1 - self.p)) if self.scale else keep.astype(dtype)
+
+
+class MaskPlan:
+    """The masks of a dropout's next n calls, drawn together (one draw: on a GPU three kernel launches
+    instead of 3n) when the first is asked for, and handed out in turn."""
+
+    def __init__(self, n):
+        self.n, self.masks, self.key, self.used = max(1, n), None, None, 0
+
+    def next(self, dropout, rng, shape, dtype):
+        if self.masks is None or self.key != (rng, shape, dtype) or self.used == self.n:
+            self.masks, self.key, self.used = dropout.mask(rng, (self.n,) + shape, dtype), (rng, shape, dtype), 0
+        self.used += 1
+        return self.masks[self.used - 1]
 
 
 class FeedForward(Module):

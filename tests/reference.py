@@ -2,39 +2,17 @@
 the engine), which the tests compare the fused ops against and gradient-check on their own.
 
 Geometric attention (Csordás, Irie & Schmidhuber 2022, "The Neural Data Router", Eqs. 7 and 9–10):
-the form minattn.attention.geometric used before its fused ``GeometricWeights`` and ``DirectionalLogits``.
+the composed form beside the fused ``GeometricWeights`` in minattn.attention.geometric, and the directional
+logits as the paper writes them (D_ii = 0 on the always-masked diagonal, where the fused op has s←_i).
 """
 from minattn import backend
 from minattn import functional as F
-from minattn.attention.geometric import MASKED, constants, invalid_keys
-from minattn.engine import Function
-
-
-class PermuteKeys(Function):
-    """y[..., i, p] = x[..., i, perm[i, p]] for a permutation per query row. Because every row is a
-    permutation, the backward is the inverse gather (no scatter-add needed)."""
-
-    def __init__(self, rows, perm, inv):
-        self.rows, self.perm, self.inv = rows, perm, inv
-
-    def forward(self, x):
-        return x[..., self.rows, self.perm]
-
-    def backward(self, gy):
-        return gy[..., self.rows, self.inv]
+from minattn.attention.geometric import geometric_weights_composed, invalid_keys
 
 
 def geometric_attention_weights_reference(logits, key_mask=None, normalize=False):
-    """Eq. 7 in log space, composed of ops: A = exp(log σ(z) + Σ_{k∈S_ij} log(1 − σ(z_ik)))."""
-    T = logits.shape[-1]
-    z = F.masked_fill(logits, invalid_keys(key_mask, T, logits.data), MASKED)
-    log_p = F.logsigmoid(z)                                                 # ℓ = log σ(z)
-    log_not_p = F.logsigmoid(-z)                                            # m = log(1 − σ(z))
-    rows, perm, inv = constants(T, logits.data)[:3]
-    m_scan = PermuteKeys(rows, perm, inv)(log_not_p)                        # m in scan order
-    blocked_scan = F.cumsum(m_scan, axis=-1) - m_scan                       # Σ of m over earlier keys
-    blocked = PermuteKeys(rows, inv, perm)(blocked_scan)                    # back to key order
-    A = F.exp(log_p + blocked)
+    """Eq. 7 in log space, composed of ops (``geometric_weights_composed``), with the optional normalisation."""
+    A = geometric_weights_composed(logits, invalid_keys(key_mask, logits.shape[-1], logits.data))
     return A / F.maximum(A.sum(axis=-1, keepdims=True), 1e-12) if normalize else A
 
 

@@ -4,9 +4,11 @@ import weakref
 import numpy as np
 import pytest
 
-from minattn import backend
+from minattn import backend, ops
 from minattn import functional as F
-from minattn.engine import Function, Tensor, eval_mode, is_training, no_grad, sum_to
+from minattn.attention.geometric import (DirectionalLogits, GeometricWeights, constants, directional_logits_composed,
+                                         geometric_weights_composed, invalid_keys)
+from minattn.engine import Function, Tensor, eval_mode, faster, is_training, no_grad, plain, sum_to
 from minattn.gradcheck import check_backward
 
 
@@ -159,18 +161,54 @@ def test_fully_masked_rows_give_no_nan():
     assert F.cross_entropy(Tensor(np.zeros((2, 3))), np.array([-1, -1]), ignore_index=-1).data == 0
 
 
-def test_fused_ops_match_their_composite_definitions():
+FUSED_AND_COMPOSED = [   # (name, fused form, composed form, input shapes) -- both take the same tensors
+    ("softmax", lambda x: ops.Softmax(-1)(x), ops.softmax_composed, [(4, 6)]),
+    ("softmax_axis0", lambda x: ops.Softmax(0)(x), lambda x: ops.softmax_composed(x, 0), [(4, 6)]),
+    ("log_softmax", lambda x: ops.LogSoftmax(-1)(x), ops.log_softmax_composed, [(4, 6)]),
+    ("cross_entropy", lambda x: ops.CrossEntropy(np.array([0, 5, -1, 3]), -1)(x),
+     lambda x: ops.cross_entropy_composed(x, np.array([0, 5, -1, 3]), -1), [(4, 6)]),
+    ("layer_norm", lambda x, w, b: ops.LayerNorm()(x, w, b), ops.layer_norm_composed, [(2, 4, 6), (6,), (6,)]),
+    ("geometric_weights", lambda z: GeometricWeights(invalid_keys(None, 5, z.data), *constants(5, z.data)[:3])(z),
+     lambda z: geometric_weights_composed(z, invalid_keys(None, 5, z.data)), [(2, 3, 5, 5)]),
+    ("directional_logits", lambda qk, s, a, b, g: DirectionalLogits(*constants(5, qk.data)[3:])(qk, s, a, b, g),
+     lambda qk, s, a, b, g: directional_logits_composed(qk, s, a, b, g, constants(5, qk.data)[3]),
+     [(2, 3, 5, 5), (2, 3, 5, 2), (1,), (1,), (1,)]),
+]
+
+
+@pytest.mark.parametrize("name,fused,composed,shapes", FUSED_AND_COMPOSED, ids=[r[0] for r in FUSED_AND_COMPOSED])
+def test_fused_ops_match_their_composed_forms(name, fused, composed, shapes):
+    """Each fused op and the composed form beside it (what MINATTN_PLAIN=1 runs): the same values and the
+    same gradients, in float64. (The diagonal of the directional logits differs by design: it is always
+    masked, so the weights and every gradient through them agree.)"""
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((4, 6))
-    w, b = rng.standard_normal(6), rng.standard_normal(6)
-    np.testing.assert_allclose(F.layer_norm(Tensor(x), Tensor(w), Tensor(b)).data,
-                               F.layer_norm_reference(Tensor(x), Tensor(w), Tensor(b)).data, atol=1e-12)
-    t = Tensor(x)
-    np.testing.assert_allclose(F.softmax(t).data, (t.exp() / t.exp().sum(axis=-1, keepdims=True)).data)
-    np.testing.assert_allclose(F.log_softmax(t).data, np.log(F.softmax(t).data))
-    targets = np.array([0, 5, 3, 3])
-    np.testing.assert_allclose(F.cross_entropy(t, targets).data,
-                               -F.log_softmax(t).data[np.arange(4), targets].mean())
+    values = [rng.standard_normal(s) for s in shapes]
+    outs = []
+    for fn in (fused, composed):
+        xs = [Tensor(v.copy(), requires_grad=True) for v in values]
+        y = fn(*xs)
+        g = np.random.default_rng(1).standard_normal(y.shape)
+        if name == "directional_logits":
+            g = g * ~np.eye(5, dtype=bool)          # the diagonal gets no gradient in a model (masked)
+        y.backward(g)
+        outs.append((y.data, [x.grad for x in xs]))
+    (y1, g1), (y2, g2) = outs
+    if name == "directional_logits":
+        y1, y2 = y1 * ~np.eye(5, dtype=bool), y2 * ~np.eye(5, dtype=bool)
+    np.testing.assert_allclose(y1, y2, rtol=1e-12, atol=1e-12)
+    for a, b in zip(g1, g2):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_the_switch_picks_fused_or_composed_forms():
+    x = Tensor(np.zeros((2, 3)), requires_grad=True)
+    with plain(False):
+        assert isinstance(F.softmax(x).creator, ops.Softmax)
+        assert isinstance(F.layer_norm(x, Tensor(np.ones(3)), Tensor(np.zeros(3))).creator, ops.LayerNorm)
+    with plain():
+        assert not isinstance(F.softmax(x).creator, ops.Softmax)
+        assert not isinstance(F.layer_norm(x, Tensor(np.ones(3)), Tensor(np.zeros(3))).creator, ops.LayerNorm)
+        assert type(faster(ops.GetItem)) is type and faster(ops.GetItem) is ops.GetItem
 
 
 def test_cross_entropy_rejects_bad_targets():

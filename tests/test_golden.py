@@ -26,6 +26,7 @@ import pytest
 
 import tasks
 import train
+from minattn.engine import is_plain
 from minattn.rundir import settings
 
 GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "golden")
@@ -126,9 +127,18 @@ SHIFT_INVARIANT = ("key.bias", "key_search.bias", "b_kv", "b_qk", "attention.w2.
 # of Transformer-XL's W_r that meet the slowest sinusoids, nearly constant over positions) move by rounding
 # noise too: sums get an absolute tolerance of SUM_ATOL x the parameter's norm.
 SUM_ATOL = 1e-3
+# The goldens pin the default path (with the speed annex). On the textbook path (MINATTN_PLAIN=1) the same
+# algebra is rounded differently in float32 (composed forms, out-of-place sums), and that can flip a kink:
+# in ctl/ndr one ReLU input of ~130,000 at step 1 sits at 4e-7 on one path and -1e-7 on the other, which
+# moves the fc1 gradient by 3% and, through Adam, parameter norms by 0.5% after 3 steps. There the losses
+# are held to RTOL and the parameters to 1% (sums to 10% of the norm); tests/test_plain_vs_fast.py holds
+# the two paths to 1e-6 in float64, where no kink flips.
+PLAIN_RTOL, PLAIN_SUM_ATOL = 1e-2, 0.1
 
 
 def test_golden_runs_are_unchanged(tmp_path, monkeypatch):
+    assert not (UPDATE and is_plain()), "regenerate the goldens on the default path, not with MINATTN_PLAIN=1"
+    rtol, sum_atol = (PLAIN_RTOL, PLAIN_SUM_ATOL) if is_plain() else (RTOL, SUM_ATOL)
     runs = {}
     for task in RUN_TASKS:
         for model in train.recipe_for(task).models:
@@ -145,9 +155,9 @@ def test_golden_runs_are_unchanged(tmp_path, monkeypatch):
             for name, values in exp["params"].items():
                 if name.endswith(SHIFT_INVARIANT):
                     continue
-                np.testing.assert_allclose(act["params"][name][0], values[0], rtol=RTOL, atol=SUM_ATOL * values[1],
+                np.testing.assert_allclose(act["params"][name][0], values[0], rtol=rtol, atol=sum_atol * values[1],
                                            err_msg=f"{key}: sum of {name}")
-                np.testing.assert_allclose(act["params"][name][1], values[1], rtol=RTOL,
+                np.testing.assert_allclose(act["params"][name][1], values[1], rtol=rtol,
                                            err_msg=f"{key}: norm of {name}")
     _compare_or_update("runs.json", runs, compare)
 

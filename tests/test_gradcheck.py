@@ -17,8 +17,9 @@ from minattn.attention.additive import AdditiveAttention
 from minattn.attention.coda import (COMPOSITIONS, CoDAttention, PairwiseCoDA, l1_distance,
                                    l1_distance_reference)
 from minattn.attention.compositional import CompositionalAttention
-from minattn.attention.geometric import (DirectionalLogits, GeometricAttention, constants,
-                                        geometric_attention_weights)
+from minattn.attention.geometric import (DirectionalLogits, GeometricAttention, GeometricWeights, constants,
+                                        directional_logits_composed, geometric_attention_weights,
+                                        geometric_weights_composed, invalid_keys)
 from minattn.attention.multihead import MultiHeadAttention
 from minattn.attention.relational import PositionRelativeRCA, RelationalCrossAttention, SimplifiedRCA
 from minattn.attention.relative import RelativeMultiHeadAttention
@@ -139,7 +140,19 @@ OPS = [
     ("cross_entropy_3d_ignore", lambda a, t: F.cross_entropy(a, t, ignore_index=-1),
      inputs(N(2, 3, 5), const(np.array([[1, -1, 4], [0, 3, -1]])))),
     ("layer_norm", F.layer_norm, inputs(N(2, 3, 6), N(6), N(6))),
-    ("layer_norm_reference", F.layer_norm_reference, inputs(N(2, 3, 6), N(6), N(6))),
+    # Each fused op and its composed form (MINATTN_PLAIN=1's), both checked whichever path runs the rows above
+    ("softmax_fused", lambda a: ops.Softmax(-1)(a), inputs(N(3, 5))),
+    ("softmax_composed", ops.softmax_composed, inputs(N(3, 5))),
+    ("softmax_composed_masked", lambda a, m: ops.softmax_composed(F.masked_fill(a, ~m, -1e9)),
+     inputs(N(3, 4), const(MASK))),
+    ("log_softmax_fused", lambda a: ops.LogSoftmax(-1)(a), inputs(N(3, 5))),
+    ("log_softmax_composed", ops.log_softmax_composed, inputs(N(3, 5))),
+    ("cross_entropy_fused", lambda a, t: ops.CrossEntropy(t, -1)(a),
+     inputs(N(2, 3, 5), const(np.array([[1, -1, 4], [0, 3, -1]])))),
+    ("cross_entropy_composed", lambda a, t: ops.cross_entropy_composed(a, t, -1),
+     inputs(N(2, 3, 5), const(np.array([[1, -1, 4], [0, 3, -1]])))),
+    ("layer_norm_fused", lambda x, w, b: ops.LayerNorm()(x, w, b), inputs(N(2, 3, 6), N(6), N(6))),
+    ("layer_norm_composed", ops.layer_norm_composed, inputs(N(2, 3, 6), N(6), N(6))),
     ("embedding_repeats", lambda w, i: F.embedding(w, i), inputs(N(5, 3), const(np.array([[0, 4, 4], [2, 0, 0]])))),
     ("embedding_many_rows_repeats", lambda w, i: F.embedding(w, i),     # > ONEHOT_MAX_ROWS: CPU sorts
      inputs(N(80, 2), const(np.array([[79, 4, 79], [2, 4, 4]])))),
@@ -148,11 +161,18 @@ OPS = [
     ("geometric_weights_padded_normalized", lambda z, m: geometric_attention_weights(z, m, normalize=True),
      inputs(lambda r: r.uniform(-3, 3, (2, 1, 4, 4)), const(np.array([[1, 1, 1, 0], [1, 1, 1, 1]], bool)))),
     ("geometric_weights_T1", lambda z: geometric_attention_weights(z), inputs(N(1, 1, 1, 1))),
+    ("geometric_weights_fused", lambda z, m: GeometricWeights(invalid_keys(m, 4, z.data), *constants(4, z.data)[:3])(z),
+     inputs(lambda r: r.uniform(-3, 3, (2, 1, 4, 4)), const(np.array([[1, 1, 1, 0], [1, 1, 1, 1]], bool)))),
+    ("geometric_weights_composed", lambda z, m: geometric_weights_composed(z, invalid_keys(m, 4, z.data)),
+     inputs(lambda r: r.uniform(-3, 3, (2, 1, 4, 4)), const(np.array([[1, 1, 1, 0], [1, 1, 1, 1]], bool)))),
     ("geometric_weights_reference", lambda z, m: geometric_attention_weights_reference(z, m),
      inputs(lambda r: r.uniform(-3, 3, (2, 1, 4, 4)), const(np.array([[1, 1, 1, 0], [1, 1, 1, 1]], bool)))),
     ("directional_logits", lambda qk, s, a, b, g: DirectionalLogits(*constants(5, qk.data)[3:])(qk, s, a, b, g),
      inputs(N(2, 2, 5, 5), N(2, 2, 5, 2), N(1), N(1), N(1))),
     ("directional_logits_reference", directional_logits_reference,
+     inputs(N(2, 2, 5, 5), N(2, 2, 5, 2), N(1), N(1), N(1))),
+    ("directional_logits_composed", lambda qk, s, a, b, g: directional_logits_composed(qk, s, a, b, g,
+                                                                                    constants(5, qk.data)[3]),
      inputs(N(2, 2, 5, 5), N(2, 2, 5, 2), N(1), N(1), N(1))),
     ("gumbel_softmax_soft", lambda a, g: F.gumbel_softmax(a, tau=0.7, hard=False, noise=g),
      inputs(N(3, 5), N(3, 5))),

@@ -18,6 +18,9 @@ is checked entry by entry against [L(θ + εe) − L(θ − εe)] / 2ε. On ever
 - a second backward through a rebuilt graph adds exactly the same gradient again;
 - ``clip_grad_norm`` scales each gradient exactly once.
 
+Every graph runs on both paths: the textbook one (``engine.Accumulation``, plain ops: what
+MINATTN_PLAIN=1 runs) and the annex's (fast/accumulate.py's in-place and grouped sums, fast/slices.py).
+
 On failure the message prints the program (ops and wiring) and its seed, so the case can be
 replayed with ``Program(seed)``.
 """
@@ -28,7 +31,9 @@ import pytest
 
 from minattn import backend, optim
 from minattn import functional as F
-from minattn.engine import Tensor
+from minattn import engine
+from minattn.engine import Tensor, plain
+from minattn.fast.accumulate import Deferred
 from minattn.nn import Parameter
 
 MAX_SIZE = 48  # entries per node: keeps the central differences cheap
@@ -240,7 +245,7 @@ BUILDERS = {
 }
 assert set(BUILDERS) == set(OPS)
 # Ops that hand one gradient buffer to two inputs (add, x + x, concat of a node with itself) and slices of
-# one node (whose gradients the engine puts together: ops.Slices) are where the engine's accumulation is
+# one node (whose gradients the annex puts together: fast.slices.Slices) are where the engine's accumulation is
 # most easily wrong: draw them more often.
 WEIGHTS = {"add": 6.0, "sub": 2.0, "concat": 2.0, "stack": 1.5, "mul": 2.0, "getitem_basic": 2.0,
            "getitem_element": 2.0}
@@ -318,9 +323,12 @@ def check_program(prog, device="cpu", eps=1e-6, rtol=1e-5, atol=1e-7):
 N_GRAPHS = {"cpu": 300, "strict": 40, "gpu": 40}
 
 
-def test_random_graphs_have_the_gradients_of_central_differences(device):
-    for seed in range(N_GRAPHS[device]):
-        check_program(Program(seed), device)
+@pytest.mark.parametrize("path", ["textbook", "annex"])
+def test_random_graphs_have_the_gradients_of_central_differences(device, path):
+    with plain(path == "textbook"):
+        assert (engine.faster(engine.Accumulation) is engine.Accumulation) == (path == "textbook")
+        for seed in range(N_GRAPHS[device]):
+            check_program(Program(seed), device)
 
 
 def test_random_graphs_use_every_pass_through_op():
@@ -333,59 +341,40 @@ def test_random_graphs_use_every_pass_through_op():
     assert sum(most_consumers(Program(s)) > 1 for s in range(50)) >= 45   # several consumers, almost always
 
 
+class OldAccumulation(engine.Accumulation):
+    """The bug this test exists for, as an accumulation policy: in-place adds into any buffer the engine
+    made, keyed on the array's id(), even when a pass-through op has handed that buffer to another
+    input too."""
+
+    def __init__(self):
+        self.owned = set()
+
+    def add(self, t, gx):
+        if isinstance(gx, Deferred):          # a slice's gradient (fast/slices.py), evaluated at once here
+            gx = gx.total([gx])
+        if t._g is None:
+            t._g = gx
+        elif id(t._g) in self.owned:
+            t._g += gx
+        else:
+            t._g = t._g + gx
+            self.owned.add(id(t._g))
+
+    def keep(self, leaf, g):
+        leaf.grad = (g if id(g) in self.owned else g.copy()) if leaf.grad is None else leaf.grad + g
+
+
 def test_the_random_graphs_catch_the_old_accumulation_rule(monkeypatch):
-    """Plant the bug this test exists for: in-place accumulation into any buffer the engine made,
-    keyed on the array's id(), even when a pass-through op has handed that buffer to another input
-    too. The random graphs must find it."""
-    from minattn import engine
-
-    def old_backward(self, grad=None):
-        xp = backend.array_module(self.data)
-        grad = xp.ones_like(self.data) if grad is None else (grad.data if isinstance(grad, Tensor) else grad)
-        nodes, seen, i = [self], {id(self)}, 0
-        while i < len(nodes):
-            for t in nodes[i].creator.inputs if nodes[i].creator is not None else ():
-                if t.requires_grad and id(t) not in seen:
-                    seen.add(id(t))
-                    nodes.append(t)
-            i += 1
-        nodes.sort(key=lambda t: t.seq, reverse=True)
-        owned = set()
-        self._g = grad
-        for node in nodes:
-            g, node._g = node._g, None
-            if g is None:
-                continue
-            fn = node.creator
-            if fn is None:
-                node.grad = (g if id(g) in owned else g.copy()) if node.grad is None else node.grad + g
-                continue
-            node.creator = engine._FREED
-            gxs = fn.backward(g)
-            gxs = gxs if type(gxs) is tuple else (gxs,)
-            for t, gx in zip(fn.inputs, gxs):
-                if gx is None or not t.requires_grad:
-                    continue
-                if isinstance(gx, engine.Deferred):   # a slice's gradient, evaluated at once here
-                    gx = gx.total([gx])
-                gx = engine.sum_to(gx, t.data.shape)
-                if t._g is None:
-                    t._g = gx
-                elif id(t._g) in owned:
-                    t._g += gx
-                else:
-                    t._g = t._g + gx
-                    owned.add(id(t._g))
-            fn.inputs = None
-
-    monkeypatch.setattr(engine.Tensor, "backward", old_backward)
+    """Plant the old rule through the annex's seam; the random graphs must find it."""
+    monkeypatch.setitem(engine._FASTER, engine.Accumulation, OldAccumulation)
     caught = []
-    for seed in range(N_GRAPHS["cpu"]):
-        try:
-            check_program(Program(seed))
-        except AssertionError as e:
-            caught.append(str(e))
-            break
+    with plain(False):
+        for seed in range(N_GRAPHS["cpu"]):
+            try:
+                check_program(Program(seed))
+            except AssertionError as e:
+                caught.append(str(e))
+                break
     assert caught, "the random graphs did not catch the planted accumulation bug"
 
 

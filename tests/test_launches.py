@@ -1,16 +1,24 @@
 """Launches per training step (tests/counting.py): the counting device's rules, the NDR step's budget,
-and the flat optimizer buffer that most of the cut came from."""
+and the annex (minattn/fast/) that cuts them: flat optimizer buffer, grouped and slice gradients, shared
+layers. Every test here runs with the annex on, whatever MINATTN_PLAIN says (tests/test_plain_vs_fast.py
+compares the two paths)."""
 import numpy as np
 import pytest
 
 from minattn import backend, nn, optim
 from minattn import functional as F
-from minattn.engine import Tensor
+from minattn.engine import Tensor, plain
 from minattn.models.encoder import CopyGateLayer, EncoderConfig
 from minattn.attention.geometric import GeometricAttention
 
 from . import counting
 from .counting import COUNTER, count_step
+
+@pytest.fixture(autouse=True)
+def _annex_on():
+    with plain(False):
+        yield
+
 
 # Launches of one NDR training step on CTL at train.py's cpu preset (forward + backward + clipping +
 # AdamW); a GPU pays ~10–15 µs of host time for each. Issue 19 measured ~4,000 at 6d299dc (this counter:
@@ -46,7 +54,7 @@ def test_ndr_ctl_step_stays_within_its_launch_budget_without_host_syncs():
     assert launches["optimizer"] <= 20 and launches["clipping"] <= 10, launches
 
 
-# The flat buffer is used off NumPy (optim.FlatParameters.possible): these tests run on the strict device.
+# The flat buffer is used off NumPy (fast.flat.FlatParameters.possible): these tests run on the strict device.
 def _dev(a):
     return backend.to_device(np.asarray(a, np.float32), "strict")
 
@@ -75,7 +83,7 @@ def test_flat_update_gives_the_bits_of_one_parameter_at_a_time(cls, kw):
         opt_flat.step()
         for o in opt_single:
             o.step()
-    assert opt_flat.flat is not None and opt_flat.flat.intact()
+    assert vars(opt_flat).get("_flat") is not None and opt_flat._flat.intact()
     for p, q in zip(flat, single):
         np.testing.assert_array_equal(_host(p.data), _host(q.data))
     host = [nn.Parameter(_host(p.data)) for p in flat]         # NumPy: one parameter at a time
@@ -108,7 +116,7 @@ def test_parameters_are_views_of_the_flat_buffer_and_state_dicts_keep_their_form
     for p in params:
         p.grad = _dev(np.ones(p.shape))
     opt.step()
-    opt.flat.data[:] = 7
+    opt._flat.data[:] = 7
     assert all((_host(p.data) == 7).all() for p in params)   # views: one update moves them all
     sd = opt.state_dict()
     assert [sorted(s) for s in sd["state"]] == [["m", "v"]] * 3
@@ -120,7 +128,7 @@ def test_parameters_are_views_of_the_flat_buffer_and_state_dicts_keep_their_form
     for p in params:
         p.grad = _dev(np.zeros(p.shape))
     opt.step()
-    assert opt.flat.intact() and (_host(params[1].data) < 2).all()
+    assert opt._flat.intact() and (_host(params[1].data) < 2).all()
 
 
 def test_clip_grad_norm_over_the_flat_buffer_matches_one_by_one():
@@ -134,7 +142,7 @@ def test_clip_grad_norm_over_the_flat_buffer_matches_one_by_one():
     for p, g in zip(params, grads):
         p.grad = _dev(g)
     norm = optim.clip_grad_norm(params, 1.0)
-    assert all(p.grad is g for p, g in zip(params, opt.flat.grad_views))   # views of the flat gradient
+    assert all(p.grad is g for p, g in zip(params, opt._flat.grad_views))   # views of the flat gradient
     expected = np.sqrt(sum((g.astype(np.float64) ** 2).sum() for g in grads))
     assert float(_host(norm)) == pytest.approx(expected, rel=1e-6)
     for p, g in zip(params, grads):
@@ -195,7 +203,7 @@ def _grads(device, fn, shape, seed=5):
     lambda x: F.concat([x[:, ::2], x[:, 1::2]], axis=1),                        # steps: not a tiling
 ])
 def test_slice_gradients_agree_with_numpy_whether_or_not_they_tile(pieces):
-    """Off NumPy the gradients of a tensor's slices are put together by the engine (ops.Slices): side by side
+    """Off NumPy the gradients of a tensor's slices are put together by the engine (fast.slices.Slices): side by side
     in one operation when the slices tile an axis, into zeros otherwise. Both give NumPy's bits."""
     cpu, strict = _grads("cpu", pieces, (3, 6)), _grads("strict", pieces, (3, 6))
     for a, b in zip(cpu, strict):
@@ -228,7 +236,7 @@ def test_tiling_slices_cost_one_launch():
     assert sum(COUNTER.launches.values()) == 3, COUNTER.launches
 
 
-def test_shared_layer_weights_are_built_once_per_sharing_scope():
+def test_shared_layer_weights_are_built_once_per_repeated_block():
     attn = GeometricAttention(8, 2, rng=np.random.default_rng(0))
     calls = []
 
@@ -237,9 +245,9 @@ def test_shared_layer_weights_are_built_once_per_sharing_scope():
         return attn.in_projection()
     first = attn.once("w", make)
     assert attn.once("w", make) is not first and len(calls) == 2            # outside a scope: every call
-    with attn.sharing():
+    with attn.repeated(3):
         w = attn.once("w", make)
-        with attn.sharing():                                               # a nested scope keeps the outer's
+        with attn.repeated(2):                                             # a nested scope keeps the outer's
             assert attn.once("w", make) is w
         assert attn.once("w", make) is w and len(calls) == 3
     assert "_once" not in vars(attn)

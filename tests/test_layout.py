@@ -1,5 +1,6 @@
 """The house's layout: imports go one way (nothing in minattn/ imports the top-level tasks.py or
-train.py), and train.py stays within its line budget."""
+train.py; the core never imports the speed annex minattn/fast/; rundir.py not the recipes), and the
+budgets: train.py's lines, Tensor.backward's lines, and every source file's."""
 import ast
 import os
 
@@ -38,3 +39,60 @@ def test_train_py_stays_the_loop_and_the_command_line():
                                   "minattn/rundir.py")
     # train.py reaches the data through the recipes, never through the catalogue script
     assert "tasks" not in set(_imported_modules(os.path.join(ROOT, "train.py")))
+
+
+# --- the core a student reads in one sitting (issue 33) -------------------------------------------------
+BACKWARD_BUDGET = 45     # lines of Tensor.backward, docstring included (micrograd's is 17, tinygrad's 34)
+FILE_BUDGET = 700        # lines of any source file: a longer one is probably doing two jobs
+
+
+def _sources():
+    for top in ("minattn", "tests"):
+        for folder, _, files in os.walk(os.path.join(ROOT, top)):
+            yield from (os.path.join(folder, n) for n in files if n.endswith(".py"))
+    yield from (os.path.join(ROOT, n) for n in ("train.py", "tasks.py"))
+
+
+def test_backward_reads_as_the_textbook_algorithm():
+    import inspect
+
+    from minattn import engine
+    n = len(inspect.getsource(engine.Tensor.backward).splitlines())
+    assert n <= BACKWARD_BUDGET, (f"Tensor.backward has {n} lines (budget {BACKWARD_BUDGET}): how gradients are added "
+                                  "belongs in an Accumulation policy (minattn/fast/accumulate.py), not in the loop")
+
+
+def test_no_source_file_is_over_its_budget():
+    long = []
+    for path in _sources():
+        with open(path) as f:
+            n = len(f.readlines())
+        if n > FILE_BUDGET:
+            long.append(f"{os.path.relpath(path, ROOT)}: {n} lines")
+    assert not long, f"over {FILE_BUDGET} lines (split by kind, as minattn/ops/ is): {long}"
+
+
+def test_the_core_does_not_import_the_annex():
+    """A reader can delete minattn/fast/ mentally: the core joins it only through engine.faster(), and only
+    the package's __init__ imports it (so that its files register their faster forms)."""
+    offenders = []
+    for path in _sources():
+        rel = os.path.relpath(path, ROOT)
+        if rel.startswith(os.path.join("minattn", "fast")) or rel == os.path.join("minattn", "__init__.py"):
+            continue
+        if not rel.startswith("minattn"):
+            continue
+        with open(path) as f:
+            tree = ast.parse(f.read(), path)
+        for node in ast.walk(tree):
+            names = ([node.module or ""] + [a.name for a in node.names] if isinstance(node, ast.ImportFrom)
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            if any(n == "fast" or n.startswith("fast.") or n.startswith("minattn.fast") for n in names):
+                offenders.append(rel)
+    assert not offenders, offenders
+
+
+def test_rundir_does_not_import_the_recipes():
+    assert not [m for m in _imported_modules(os.path.join(ROOT, "minattn", "rundir.py")) if m and "recipes" in m]
+    with open(os.path.join(ROOT, "minattn", "rundir.py")) as f:
+        assert "from .recipes" not in f.read()

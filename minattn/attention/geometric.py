@@ -24,9 +24,8 @@ import numpy as np
 
 from .. import backend
 from .. import functional as F
-from ..engine import Function
+from ..engine import Function, faster, is_plain
 from ..nn import Dropout, Linear, Module, Parameter, head_size, uniform
-from ..ops import scale_grad
 
 MASKED = -1e9  # substitute logit for masked keys: σ = 0 exactly, log(1 − σ) = 0 exactly
 
@@ -68,8 +67,8 @@ class GeometricWeights(Function):
     z_ij + (the sum of m over the keys scanned up to and including j): one cumulative sum in scan order.
     Backward, with g = ∂L/∂log A = ∂L/∂A ⊙ A: ∂L/∂m_ik is the sum of g over the keys scanned from k on,
     and ∂m/∂z = −σ(z) = −exp(ℓ). Masked keys get z = MASKED: σ = 0, m = 0, A = 0, and a gradient of
-    exactly 0 with no mask in the backward. 7 array operations forward and 8 back; the composite of ops (in
-    tests/reference.py) took 15 forward and 17 back.
+    exactly 0 with no mask in the backward. 7 array operations forward and 8 back; its composed form
+    (``geometric_weights_composed``, below) takes 15 forward and 17 back.
     """
 
     def __init__(self, invalid, rows, perm, inv):
@@ -94,6 +93,32 @@ class GeometricWeights(Function):
         return g - self._scan_cumsum(g, reverse=True) * backend.array_module(g).exp(self.z - self.softplus)
 
 
+class PermuteKeys(Function):
+    """y[..., i, p] = x[..., i, perm[i, p]] for a permutation per query row. Because every row is a
+    permutation, the backward is the inverse gather (no scatter-add needed)."""
+
+    def __init__(self, rows, perm, inv):
+        self.rows, self.perm, self.inv = rows, perm, inv
+
+    def forward(self, x):
+        return x[..., self.rows, self.perm]
+
+    def backward(self, gy):
+        return gy[..., self.rows, self.inv]
+
+
+def geometric_weights_composed(z, invalid):
+    """Eq. 7 in log space, composed of ops: A = exp(log σ(z) + Σ_{k∈S_ij} log(1 − σ(z_ik)))."""
+    z = F.masked_fill(z, invalid, MASKED)
+    log_p = F.logsigmoid(z)                                                 # ℓ = log σ(z)
+    log_not_p = F.logsigmoid(-z)                                            # m = log(1 − σ(z))
+    rows, perm, inv = constants(z.shape[-1], z.data)[:3]
+    m_scan = PermuteKeys(rows, perm, inv)(log_not_p)                        # m in scan order
+    blocked_scan = F.cumsum(m_scan, axis=-1) - m_scan                       # Σ of m over earlier keys
+    blocked = PermuteKeys(rows, inv, perm)(blocked_scan)                    # back to key order
+    return F.exp(log_p + blocked)
+
+
 def geometric_attention_weights(logits, key_mask=None, normalize=False, invalid=None):
     """Map logits z (B, H, T, T) to geometric attention weights A (B, H, T, T) (Eq. 7).
 
@@ -103,15 +128,18 @@ def geometric_attention_weights(logits, key_mask=None, normalize=False, invalid=
     """
     T = logits.shape[-1]
     invalid = invalid_keys(key_mask, T, logits.data) if invalid is None else invalid
-    A = GeometricWeights(invalid, *constants(T, logits.data)[:3])(logits)
+    if not is_plain():
+        A = GeometricWeights(invalid, *constants(T, logits.data)[:3])(logits)
+    else:
+        A = geometric_weights_composed(logits, invalid)
     return A / F.maximum(A.sum(axis=-1, keepdims=True), 1e-12) if normalize else A
 
 
 class DirectionalLogits(Function):
     """z_ij = α q_i·k_j + β D_ij + γ, D_ij = s→_i if j > i else s←_i (Eqs. 9–10), as one op: 5 array
-    operations forward and 4 back (plus α's and β's products, evaluated with those of the layer's other
-    applications: ops.ProductSum), where the composite took 7 and ~14. Inputs: qk = q kᵀ (B, H, T, T),
-    s = (s←, s→) (B, H, T, 2), α, β, γ (1,). D_ii = s←_i on the (always masked) diagonal."""
+    operations forward and 4 back, where the composed form (``directional_logits_composed``) takes 7 and
+    ~14. Inputs: qk = q kᵀ (B, H, T, T), s = (s←, s→) (B, H, T, 2), α, β, γ (1,). D_ii = s←_i on the
+    (always masked) diagonal."""
 
     def __init__(self, right, sides):
         self.right, self.sides = right, sides
@@ -123,9 +151,14 @@ class DirectionalLogits(Function):
 
     def backward(self, gz):
         gbs = (gz[..., None, :] * self.sides).sum(axis=-1)              # (B, H, T, 2): Σ_j over each side
-        # α, β, γ get their gradients unreduced: the engine sums those of all applications at once
-        return (gz * self.alpha, gbs * self.beta, scale_grad(gz, self.qk, self.alpha.shape),
-                scale_grad(gbs, self.s, self.beta.shape), gbs)
+        # α, β, γ get their gradients unreduced: the engine sums them to shape (1,)
+        return gz * self.alpha, gbs * self.beta, gz * self.qk, gbs * self.s, gbs
+
+
+def directional_logits_composed(qk, s, alpha, beta, gamma, right):
+    """Eqs. 9–10 composed of ops: α qk + (β s + γ) picked per side by ``right`` (j > i)."""
+    bs = s * beta + gamma                                               # (B, H, T, 2)
+    return alpha * qk + F.where(right, bs[..., 1:], bs[..., :1])
 
 
 class GeometricAttention(Module):
@@ -162,7 +195,11 @@ class GeometricAttention(Module):
         q, k, v = qkv[0], self.key_dropout(qkv[1]), qkv[2]                        # (B, H, T, dh) each
         s = y[:, 3 * C:].reshape(B, T, H, 2).transpose(0, 2, 1, 3)                # (B, H, T, 2): (s←, s→)
         rows, perm, inv, right, sides = constants(T, x.data)
-        z = DirectionalLogits(right, sides)(q @ k.swapaxes(-1, -2), s, self.alpha, self.beta, self.gamma)
+        qk = q @ k.swapaxes(-1, -2)                                               # (B, H, T, T)
+        if not is_plain():
+            z = faster(DirectionalLogits)(right, sides)(qk, s, self.alpha, self.beta, self.gamma)
+        else:
+            z = directional_logits_composed(qk, s, self.alpha, self.beta, self.gamma, right)
         A = geometric_attention_weights(z, normalize=self.normalize, invalid=self._invalid(key_mask, T, x.data))
         if self.record:  # kept for analysis and plots (see UniversalEncoder's trace)
             self.last_weights = A

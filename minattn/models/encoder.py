@@ -206,10 +206,7 @@ class UniversalEncoder(Module):
             h = self.input_dropout(h + self.pe[:T])
         steps = n_steps or (self.cfg.n_steps if self.training or not self.cfg.n_steps_eval else self.cfg.n_steps_eval)
         self.layer.attn.record = self.layer.record = trace is not None
-        for _, m in self.layer.named_modules():   # the shared layer's dropout masks: one draw per step
-            if isinstance(m, Dropout):
-                m.plan(steps)
-        with self.layer.sharing():   # what the layer derives from its parameters: built once for all steps
+        with self.layer.repeated(steps):   # one layer, applied `steps` times (minattn/fast/shared_layer.py)
             for _ in range(steps):
                 h = self.layer(h, key_mask=key_mask)
                 if trace is not None:

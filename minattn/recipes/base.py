@@ -39,10 +39,7 @@ import zlib
 import numpy as np
 
 from .. import backend, optim
-
-
-class UsageError(Exception):
-    """Bad input from the user: train.py prints it as one line and exits with code 2."""
+from ..errors import UsageError  # noqa: F401  (re-exported: recipes raise it)
 
 
 @dataclasses.dataclass

@@ -1,0 +1,211 @@
+"""The report of finished runs (``train.py --report``): one row per run directory (results.json, or the
+checkpoint of a run that has not finished), means ± sample std over seeds, and learning curves over
+training-set sizes. What it cannot read it skips, naming why.
+"""
+import contextlib
+import json
+import os
+import sys
+
+import numpy as np
+
+from .errors import UsageError
+from .recipes.base import older_metrics
+from .rundir import CHECKPOINT, Corrupted, _int, _number, _read_npz, open_regular, read_log, settings
+
+
+REPORT_FIELDS = ("task", "model", "preset", "seed", "steps", "metrics", "best_step", "wall_s", "ms_per_step", "config")
+_REPORT_TYPES = {"task": str, "model": str, "preset": str, "seed": int, "steps": int, "metrics": dict,
+                 "best_step": (int, type(None)), "wall_s": (int, float), "ms_per_step": (int, float, type(None)),
+                 "config": dict}
+
+
+def finished_run(d):
+    """(results, learning curve, status) of the run in d: status is None for a finished run, else what marks
+    its row ("diverged at step k", "unfinished: step k of n"); a UsageError says why d holds no run to show."""
+    try:
+        with open_regular(os.path.join(d, "results.json")) as f:
+            r = json.load(f)
+    except FileNotFoundError:
+        return _unfinished_run(d)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{d} does not hold a readable run ({e.__class__.__name__}: {e})") from None
+    missing = set(REPORT_FIELDS) - set(r if isinstance(r, dict) else ())
+    if missing:
+        raise UsageError(f"{d}: results.json lacks {', '.join(sorted(missing))}")
+    wrong = [k for k, kind in _REPORT_TYPES.items() if not isinstance(r[k], kind) or isinstance(r[k], bool)]
+    wrong += [f"metrics.{k}" for k, v in r["metrics"].items() if v is not None and not _number(v)]
+    wrong += [f"config.{k}" for k in ("model_config", "options") if not isinstance(r["config"].get(k) or {}, dict)]
+    if wrong:
+        raise UsageError(f"{d}: results.json is malformed ({', '.join(wrong)} of the wrong type)")
+    try:
+        log = read_log(os.path.join(d, "metrics.jsonl"))
+    except OSError:
+        log = []
+    status = f"diverged at step {r['diverged_at']}" if "diverged_at" in r else None
+    if status is None and os.path.isfile(os.path.join(d, CHECKPOINT)):   # resumed since, and stopped again?
+        with contextlib.suppress(UsageError):
+            step = _checkpoint_metadata(os.path.join(d, CHECKPOINT)).get("step")
+            if _int(step) and step > r["steps"]:
+                status = f"unfinished: step {step}, results of step {r['steps']}"
+    return r, log, status
+
+
+def _checkpoint_metadata(path):
+    meta = json.loads(str(_read_npz(path, only="metadata.npy")["metadata"]))
+    if not isinstance(meta, dict):
+        raise Corrupted(f"checkpoint {path} is corrupted (its metadata is not an object)")
+    return meta
+
+
+def _unfinished_run(d):
+    """A run that has checkpointed but not finished: its row, from the checkpoint's metadata and last evaluation."""
+    if not os.path.isfile(os.path.join(d, CHECKPOINT)):
+        raise UsageError(f"{d} has no results.json (not a run directory, or the run is not finished)")
+    meta = _checkpoint_metadata(os.path.join(d, CHECKPOINT))
+    cfg, history = meta.get("config"), meta.get("history")
+    if not (isinstance(cfg, dict) and isinstance(history, list) and history and isinstance(history[-1], dict)
+            and all(isinstance(cfg.get(k) or {}, dict) for k in ("model_config", "options"))
+            and all(isinstance(cfg.get(k), t) for k, t in (("task", str), ("model", str), ("preset", str),
+                                                           ("seed", int), ("steps", int)))):
+        raise UsageError(f"{d} has no results.json, and its checkpoint does not say how far the run got")
+    last = history[-1]
+    # the metrics of the last evaluation, as the recipe named them ("last"; older checkpoints: the log's numbers)
+    metrics = meta["last"] if isinstance(meta.get("last"), dict) else older_metrics({"metrics": {}}, history)
+    r = {"task": cfg["task"], "model": cfg["model"], "preset": cfg["preset"], "seed": cfg["seed"],
+         "steps": last.get("step"), "config": cfg, "best_step": None, "wall_s": last.get("wall_s") or 0,
+         "ms_per_step": None, "metrics": {k: v for k, v in metrics.items() if _number(v)}}
+    return r, [h for h in history if isinstance(h, dict)], f"unfinished: step {last.get('step')} of {cfg['steps']}"
+
+
+def _two_se(values):
+    """Twice the standard error of the mean (sample std / √n): a mean ± this is the usual ~95% interval."""
+    return 2 * np.std(values, ddof=1) / np.sqrt(len(values))
+
+
+def _cell(v):
+    """A learning-curve entry: floats to 4 decimals (an accuracy 1/12 is 0.0833), a missing or diverged one
+    (None) empty."""
+    return "" if v is None else f"{v:.4f}" if isinstance(v, float) else str(v)
+
+
+def report(paths):
+    """Markdown table of runs (their results.json) and each run's learning curve. Diverged and unfinished runs
+    get a row marked so, and are left out of the means over seeds and sizes. Directories that hold no run are
+    skipped with a warning, and so is one whose files are malformed; a run is counted once, however often it is
+    listed or copied: runs with one configuration (seed included; device aside) are one run, as training is
+    deterministic."""
+    rows, curves, groups, seen = [], [], {}, {}
+    for d in paths:
+        try:
+            r, log, status = finished_run(d)
+            row, curve = _report_row(d, r, log, status)
+        except UsageError as e:
+            print(f"warning: skipped: {e}", file=sys.stderr)
+            continue
+        except Exception as e:   # anything else one directory holds must not cost the others their report
+            print(f"warning: skipped {d}: its results cannot be read ({e.__class__.__name__}: {e})", file=sys.stderr)
+            continue
+        config = settings(r["config"])
+        run_key = json.dumps({k: v for k, v in config.items() if k != "device"}, sort_keys=True)
+        if run_key in seen:
+            print(f"warning: skipped {d}: the same run as {seen[run_key]}", file=sys.stderr)
+            continue
+        seen[run_key] = d
+        rows.append(row)
+        # runs that differ only in their seed (and device) are seeds of one experiment
+        same = json.dumps({k: v for k, v in config.items() if k not in ("seed", "device")}, sort_keys=True)
+        groups.setdefault(same, (row.split(" | ")[0][2:], r, [], []))[3 if status else 2].append((r, status))
+        if curve is None:
+            print(f"warning: {d} has no readable metrics.jsonl: no learning curve", file=sys.stderr)
+        else:
+            curves.append(curve)
+    if not rows:
+        raise UsageError("none of the directories holds a finished run")
+    print("| task | model | preset | seed | steps | metrics | best step | train time | ms/step | run directory |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("\n".join(rows))
+    seeded = [(task, r, runs, out) for task, r, runs, out in groups.values() if len(runs) > 1]
+    if seeded:   # the papers report mean ± std over seeds; std here is the sample std (n − 1)
+        print("\nOver seeds (mean ± sample std, and twice the standard error of the mean; diverged and unfinished "
+              "runs left out; steps: the budget, which early stopping may cut):\n\n"
+              "| task | model | preset | steps | seeds | metrics |\n|---|---|---|---|---|---|")
+        for task, r, runs, out in seeded:
+            values = {k: [x["metrics"].get(k) for x, _ in runs] for k in r["metrics"]}
+            m = ", ".join(f"{k} {np.mean(v):.3f} ± {np.std(v, ddof=1):.3f} (2 s.e. {_two_se(v):.3f})"
+                          for k, v in values.items() if all(isinstance(x, float) for x in v))
+            left = "".join(f" (seed {x['seed']} left out: {status})" for x, status in out)
+            print(f"| {task} | {r['model']} | {r['preset']} | {settings(r['config'])['steps']} | "
+                  f"{', '.join(str(x['seed']) for x, _ in runs)}{left} | {m} |")
+    size_curves, warnings = _size_curves([run for _, _, runs, _ in groups.values() for run, _ in runs])
+    if size_curves:
+        for w in warnings:
+            print(w, file=sys.stderr)
+        print(size_curves)
+    print("\n".join(curves))
+
+
+def _report_row(d, r, log, status):
+    """The run's row of the table and its learning curve (None without a log)."""
+    m = ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in r["metrics"].items())
+    config = settings(r["config"])   # the data options that tell runs of one task apart
+    data = ", ".join(f"{k} {config[k]}" for k in ("split", "train_size", "searches", "retrievals") if config.get(k))
+    task = f"{r['task']} ({data}{', ood' if config.get('ood') else ''})" if data else r["task"]
+    steps = f"{r['steps']} ({status})" if status else r["steps"]
+    row = (f"| {task} | {r['model']} | {r['preset']} | {r['seed']} | {steps} | {m} | "
+           f"{'' if r['best_step'] is None else r['best_step']} | {r['wall_s'] / 60:.1f} min | "
+           f"{r['ms_per_step'] or 0:.0f} | {d} |")
+    if not log:
+        return row, None
+    keys = [k for k in log[-1] if k not in ("step", "wall_s")]
+    return row, (f"\n{r['task']} / {r['model']} (seed {r['seed']}, {d}):\n\n| step | " + " | ".join(keys) +
+                 " |\n|" + "---|" * (len(keys) + 1) + "\n" +
+                 "\n".join(f"| {e['step']} | " + " | ".join(_cell(e.get(k)) for k in keys) + " |" for e in log))
+
+
+def _mean_cell(values):
+    """A size-curve cell: the mean, ± twice its standard error over two seeds or more, the number of seeds."""
+    spread = f" ± {_two_se(values):.3f}" if len(values) > 1 else ""
+    return f"{np.mean(values):.3f}{spread} ({len(values)})"
+
+
+SIZE_CURVE_FREE = ("seed", "device", "steps", "eval_every")   # what a learning curve's points may differ in
+
+
+def _size_curves(runs):
+    """Markdown table of the test metric over the training-set size (mean over seeds, their number in
+    brackets), one row per experiment, when one of them was run at two sizes or more: the learning curves of
+    the Abstractor paper's figures. Settings other than the seed and the size that tell two rows of one model
+    apart (e.g. ``init keras``) are named in the row. Returns (the table or "", its warnings)."""
+    rows, warnings = {}, []
+    for r in runs:
+        # the run's identity (as in the rows above): its settings by name
+        cfg = {**settings(r["config"]), "task": r["task"], "model": r["model"], "preset": r["preset"]}
+        size = cfg.pop("train_size", None)
+        if size and isinstance(r["metrics"].get("test"), float):
+            # the step count follows from the size (epochs of it), so it does not tell curves apart
+            key = json.dumps({k: v for k, v in cfg.items() if k not in SIZE_CURVE_FREE}, sort_keys=True)
+            # the budget, not the steps run: early stopping is part of a protocol, not another budget
+            rows.setdefault(key, {}).setdefault(size, []).append((cfg.get("steps"), r["metrics"]["test"]))
+    for key, curve in rows.items():
+        for size, cell in curve.items():
+            if len({steps for steps, _ in cell}) > 1:
+                counts = sorted({steps for steps, _ in cell}, key=str)
+                warnings.append(f"warning: the learning curve of {json.loads(key)['model']} averages runs of {size} "
+                                f"examples with different step budgets ({counts})")
+            curve[size] = [test for _, test in cell]
+    rows = [(json.loads(k), curve) for k, curve in rows.items()]
+    if all(len(curve) < 2 for _, curve in rows):   # no run spans sizes: the tables above say it all
+        return "", []
+    sizes = sorted({n for _, curve in rows for n in curve})
+    out = ["\nTest over the training-set size (mean over seeds ± twice its standard error, the number of seeds "
+           "in brackets):\n",
+           "| task | model | preset | settings | " + " | ".join(map(str, sizes)) + " |",
+           "|---|---|---|---|" + "---|" * len(sizes)]
+    for cfg, curve in sorted(rows, key=lambda row: (row[0]["task"], row[0]["model"], json.dumps(row[0]))):
+        twins = [c for c, _ in rows if (c["task"], c["model"], c["preset"]) == (cfg["task"], cfg["model"], cfg["preset"])]
+        differ = ", ".join(f"{k} {cfg.get(k)}" for k in sorted({k for c in twins for k in c})
+                           if any(c.get(k) != cfg.get(k) for c in twins))
+        out.append(f"| {cfg['task']} | {cfg['model']} | {cfg['preset']} | {differ} | " + " | ".join(
+            _mean_cell(curve[n]) if n in curve else "" for n in sizes) + " |")
+    return "\n".join(out), warnings

@@ -1,0 +1,123 @@
+"""A run's settings by name: what ``--set`` may change in a run of a task and model (the fields of the run's
+config, of the task options and of the model's own, typed by its recipe), and a checkpoint's configuration in
+any layout checked against them before a ``--resume`` or ``--evaluate`` uses it. The run directory's files are
+minattn/rundir.py's; this is where the recipes are asked what a setting is.
+"""
+import json
+import os
+
+from .errors import UsageError
+from .recipes import recipe_for
+from .recipes.base import field_types
+from .rundir import CHECKPOINT, Corrupted, _int, _number, check_resumable, identity, load_checkpoint, settings
+
+
+def setting_types(task, model=None):
+    """{setting: int, float, bool or str}: what --set may change in a run of ``task`` with ``model`` (when known):
+    the fields of the run's config, of the task options and of the model's own."""
+    recipe = recipe_for(task)
+    types = field_types(recipe, model if model in recipe.models else next(iter(recipe.models)))
+    for name in ("task", "model", "preset"):   # not --set's to change
+        types.pop(name)
+    # a class, or its name under postponed annotations
+    return {k: {"int": int, "float": float, "bool": bool, "str": str}.get(getattr(t, "__name__", t), str)
+            for k, t in types.items()}
+
+
+def _bool(text):
+    if text.lower() not in ("true", "false", "1", "0"):
+        raise ValueError(text)
+    return text.lower() in ("true", "1")
+
+
+_EXPECTED = {"int": "an integer", "float": "a number", "bool": "true or false"}
+
+
+def _parse_value(key, text, task, model=None, allowed=None):
+    """--set values take the type of the field they override (in the model's own config when it is known)."""
+    types = setting_types(task, model)
+    kind = types.get(key)
+    if kind is None and allowed is not None:   # a trained run: name only what it takes
+        raise UsageError(f"{task} / {model} has no {key}; a trained run of it takes: "
+                         f"{', '.join(k for k in allowed if k in types) or 'no --set'}")
+    if kind is None:
+        raise UsageError(f"unknown setting {key!r} in --set; valid: {', '.join(sorted(types))}")
+    kind = kind.__name__
+    try:
+        return {"int": int, "float": float, "str": str, "bool": _bool}.get(kind, str)(text)
+    except ValueError:
+        raise UsageError(f"--set {key}={text}: expected {_EXPECTED.get(kind, kind)}") from None
+
+
+def parse_settings(items, task, model, allowed=None):
+    """--set KEY=VALUE strings → {key: typed value}. ``allowed``: the only keys taken (a trained run's)."""
+    settings = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise UsageError(f"--set expects KEY=VALUE, got {item!r}")
+        if key in ("task", "model", "preset"):   # they choose the settings --set changes, so they come first
+            raise UsageError(f"--set {item}: use --{key} {value} instead")
+        if allowed is not None and key not in allowed:
+            raise UsageError(f"--set {item}: a trained run takes only {', '.join(k + '=N' for k in allowed)}")
+        settings[key] = _parse_value(key, value, task, model, allowed)
+    return settings
+
+
+def saved_settings(ckpt, path):
+    """The checkpoint's configuration as flat {setting: value} (``settings``: any layout, older ones included),
+    each value checked against its setting's type and the whole against the checkpoint's identity: a mistyped or
+    edited configuration is refused here rather than failing later."""
+    config = ckpt["config"]
+    types = setting_types(config["task"], config["model"])
+    flat = settings(config)
+    ok = {int: _int, float: _number, bool: lambda v: isinstance(v, bool), str: lambda v: isinstance(v, str)}
+    for key, value in flat.items():
+        kind = types.get(key)
+        if kind is None and key not in ("task", "model", "preset"):
+            raise Corrupted(f"checkpoint {path} is corrupted (config.{key}: no such setting)")
+        if kind is not None and value is not None and not ok[kind](value):
+            what = {int: "an integer", float: "a number", bool: "true or false", str: "text"}[kind]
+            raise Corrupted(f"checkpoint {path} is corrupted (config.{key}: expected {what}, got {value!r:.40})")
+    for key in ("steps", "batch_size", "lr", "eval_every", "eval_batch_size"):   # as make_config has them: > 0
+        if flat.get(key) is not None and not flat[key] > 0:
+            raise Corrupted(f"checkpoint {path} is corrupted (config.{key}: {flat[key]}, not positive)")
+    rest = {k: v for k, v in flat.items() if k not in ("steps", "device", "eval_every", "eval_batch_size")}
+    if json.loads(json.dumps(rest)) != settings(ckpt["identity"]):
+        raise Corrupted(f"checkpoint {path} is corrupted (its config and identity disagree)")
+    return flat
+
+
+def resume_settings(out_dir, task=None, model=None, preset=None):
+    """The settings of the run saved in out_dir (task, model, preset and the rest, flat), for a --resume that
+    takes them from its checkpoint; a --task, --model or --preset given, and not the run's, is refused."""
+    path = os.path.join(out_dir, CHECKPOINT)
+    saved = saved_settings(load_checkpoint(path), path)
+    for flag, given in (("task", task), ("model", model), ("preset", preset)):
+        if given is not None and given != saved[flag]:
+            raise UsageError(f"{out_dir} holds a {saved['task']} / {saved['model']} run ({saved['preset']} preset), "
+                             f"not --{flag} {given}: a resume continues the run as it is (drop --{flag}, or choose "
+                             "another --out)")
+    saved.pop("device")
+    return saved
+
+
+def resume_check(cfg, out_dir):
+    """The checkpoint in out_dir, checked for a --resume with ``cfg``: whole (optimizer state included) and
+    written by this run; ``cfg.steps`` and ``cfg.eval_every`` None become the run's own."""
+    path = os.path.join(out_dir, CHECKPOINT)
+    ckpt = load_checkpoint(path)
+    check_resumable(ckpt, path)
+    saved = saved_settings(ckpt, path)
+    cfg.steps = saved["steps"] if cfg.steps is None else cfg.steps
+    cfg.eval_every = saved["eval_every"] if cfg.eval_every is None else cfg.eval_every
+    # compared setting by setting, so that a checkpoint whose config has the older layout (task options and
+    # schedule inside model_config) belongs to the same run
+    was, now = settings(ckpt["identity"]), settings(identity(cfg))
+    diff = sorted(k for k in was.keys() | now.keys() if was.get(k) != now.get(k))
+    if diff:
+        raise UsageError(f"checkpoint in {out_dir} was written by a different run (differs in: {', '.join(diff)}); "
+                         "nothing was overwritten")
+    if cfg.steps < ckpt["step"]:
+        raise UsageError(f"--steps {cfg.steps} is below step {ckpt['step']}, which {out_dir} has already reached")
+    return ckpt
