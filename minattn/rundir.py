@@ -472,11 +472,19 @@ def identity(cfg):
     return json.loads(json.dumps(to_json(d)))
 
 
+# Settings added after runs were saved, whose default then changed: the value the older runs trained with.
+# Sorting selected and stopped on the validation teacher-forcing accuracy until stop_on came (the default is
+# now the training loss, the rule behind the Abstractor paper's Fig. 4).
+SAVED_BEFORE = {"sort": {"stop_on": "valid_tf"}}
+
+
 def settings(config):
     """A run's configuration (a dict, as results.json and checkpoints hold it) as one dict of its settings by
     name: the model's and the task options' fields beside the run's. The same for every layout: older runs
-    kept the task options and the schedule inside ``model_config``."""
-    return {**{k: v for k, v in config.items() if k not in ("model_config", "options")},
+    kept the task options and the schedule inside ``model_config``, and lack settings added since
+    (``SAVED_BEFORE`` gives those whose default changed)."""
+    return {**SAVED_BEFORE.get(config.get("task"), {}),
+            **{k: v for k, v in config.items() if k not in ("model_config", "options")},
             **(config.get("model_config") or {}), **(config.get("options") or {})}
 
 

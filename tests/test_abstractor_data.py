@@ -135,12 +135,15 @@ def test_get_task_and_cli(tmp_path, capsys):
 # --- the training recipes ------------------------------------------------------------------------------------
 
 def test_steps_and_evaluations_count_epochs():
-    cfg = train.make_config("sort", "abstractor", "cpu", train_size=2000)
+    cfg = train.make_config("sort", "abstractor", "cpu", train_size=2000, eval_epochs=10)
     assert (cfg.steps, cfg.eval_every) == (None, None)          # the preset counts in epochs ...
     run = schedule(cfg)                                         # ... resolved before the recipe is built
     assert (run.steps, run.eval_every, run.batch_size, run.grad_clip, run.weight_decay) == (1600, 40, 512, 0.0, 0.0)
     run = schedule(train.make_config("sort", "abstractor", "paper", train_size=500, steps=7))
     assert (run.steps, run.eval_every) == (7, 1)
+    # the preset's rule is the one behind the paper's Fig. 4 (the training loss); the released code's on request
+    assert recipes.recipe_for("sort")(run).selection.metric == "train_loss"
+    run = schedule(train.make_config("sort", "abstractor", "cpu", stop_on="valid_tf"))
     assert recipes.recipe_for("sort")(run).selection.metric == "valid_tf"
     cfg = schedule(train.make_config("set", "abstractor-simplified"))
     assert (cfg.steps, cfg.model_config.activation, cfg.model_config.symmetric) == (200 * 32, "linear", True)
@@ -194,7 +197,7 @@ def test_sort_greedy_metrics_use_the_selected_parameters(tmp_path, monkeypatch):
 
     def run(out, steps, resume=False):
         cfg = train.make_config("sort", "abstractor", "cpu", train_size=64, batch_size=32, steps=steps, eval_every=2,
-                                d_model=8, d_ff=8, eval_batch_size=50)
+                                d_model=8, d_ff=8, eval_batch_size=50, stop_on="valid_tf", patience=50)
         return train.train(cfg, str(tmp_path / out), resume=resume, progress=False)
 
     res = run("full", 6)

@@ -213,16 +213,18 @@ def test_a_missing_preset_row_is_one_line_naming_the_rows(monkeypatch):
 
 # --- run directories of older versions: task options and schedule inside model_config ---------------------
 
-def _older_layout(run_dir):
+def _older_layout(run_dir, drop=()):
     """Rewrite a run's checkpoint as minattn wrote it before the task options left the model configs: the
     options inside ``model_config`` (config and identity), no "last" metrics, and the selected evaluation's
-    whole log entry as its metrics."""
+    whole log entry as its metrics; without the settings ``drop`` (added since)."""
     path = os.path.join(run_dir, "checkpoint.npz")
     with np.load(path) as z:
         arrays = {k: z[k] for k in z.files}
     meta = json.loads(str(arrays["metadata"]))
     for key in ("config", "identity"):
         meta[key]["model_config"].update(meta[key].pop("options"))
+        for name in drop:
+            del meta[key]["model_config"][name]
     meta.pop("last")
     meta["best"]["metrics"] = next((h for h in meta["history"] if h["step"] == meta["best"]["step"]), {})
     arrays["metadata"] = np.array(json.dumps(meta))
@@ -262,3 +264,22 @@ def test_old_run_directories_still_evaluate_and_resume(name, tmp_path, monkeypat
     same(short, old)
     assert train.main(["--resume", old, "--steps", "4", "--no-progress"]) == 0, capsys.readouterr().err
     same(straight, old)
+
+
+def test_a_sort_run_saved_before_stop_on_keeps_its_rule(tmp_path, monkeypatch, capsys):
+    """Sorting runs saved before ``stop_on`` existed selected on valid_tf; the default is now train_loss, so a
+    resume of such a run must keep valid_tf (not switch rules half-way)."""
+    from minattn.data import SortTask
+    from minattn.rundir import load_checkpoint
+    from minattn.settings import resume_settings
+    monkeypatch.setattr(recipes.abstractor.Sort, "make_task", lambda self: SortTask(n_sequences=400))
+    old = str(tmp_path / "old")
+    assert train.main(["--task", "sort", "--model", "abstractor", "--train-size", "64", "--set", "d_model=8",
+                       "--set", "d_ff=8", "--set", "stop_on=valid_tf", "--steps", "2", "--no-progress",
+                       "--out", old]) == 0
+    _older_layout(old, drop=("stop_on",))
+    ckpt = load_checkpoint(os.path.join(old, "checkpoint.npz"))
+    assert "stop_on" not in json.dumps(ckpt["config"])   # as a checkpoint written before the setting came
+    assert resume_settings(old)["stop_on"] == "valid_tf"
+    assert train.main(["--resume", old, "--steps", "4", "--no-progress"]) == 0, capsys.readouterr().err
+    assert json.load(open(os.path.join(old, "results.json")))["config"]["options"]["stop_on"] == "valid_tf"
