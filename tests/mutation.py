@@ -15,8 +15,16 @@ the golden snapshot.
 
 Mutants known to be equivalent (no test can kill them: same values) are listed in EQUIVALENT with the
 reason; they are reported, not counted. The catalogue has two sections: DEFINITIONS (attention, models,
-functional, the checker, data) and CORE (engine, ops, nn, optim: anchored to the code before the
-`core` branch's rewrite; re-anchor them after that merge).
+functional, the checker, data) and CORE (the textbook engine and its Accumulation, the ops/ package, nn,
+optim, and the speed annex fast/). Where a rule exists twice, a fused op beside its composed form, an annex
+form beside the plain one (grouped weight gradients, slice gradients, in-place/collected accumulation, the
+flat optimizer buffer and its clipping), a mutant is planted in each: the annex is on under the default
+environment, the plain path runs where tests ask for it (plain(), tests/test_plain_vs_fast.py,
+tests/test_graph.py, tests/test_engine.py's fused-vs-composed table), and most of the annex acts only off
+NumPy, which the strict test device is.
+
+Last full run (main 006af6b + this catalogue, 2 shared cores with a training job beside it):
+SCORE_PLACEHOLDER
 """
 import argparse
 import os
@@ -35,7 +43,7 @@ DEFS = ["tests/test_definitions.py", "tests/test_definitions_papers.py"]
 GRAD = ["tests/test_gradient_paths.py", "tests/test_gradcheck.py"]
 TESTS = {
     "minattn/attention/": DEFS + ["tests/test_ndr.py", "tests/test_abstractor.py", "tests/test_compositional.py",
-                                  "tests/test_seq2attn.py"] + GRAD + ["tests/test_coda.py"],
+                                  "tests/test_seq2attn.py"] + GRAD + ["tests/test_coda.py", "tests/test_engine.py"],
     "minattn/models/": DEFS + ["tests/test_abstractor.py", "tests/test_seq2attn.py", "tests/test_ndr.py",
                                "tests/test_compositional.py"] + GRAD + ["tests/test_coda.py"],
     "minattn/functional.py": DEFS + ["tests/test_engine.py", "tests/test_nn_optim.py"] + GRAD + ["tests/test_seq2attn.py"],
@@ -52,9 +60,13 @@ TESTS = {
     "minattn/optim.py": ["tests/test_nn_optim.py", "tests/test_launches.py", "tests/test_train.py",
                          "tests/test_plain_vs_fast.py"],
     # the annex: most of it acts off NumPy only, which the strict device of tests/strict.py is
-    "minattn/fast/": ["tests/test_launches.py", "tests/test_engine.py", "tests/test_gradient_paths.py",
-                      "tests/test_graph.py", "tests/test_nn_optim.py"] + DEFS +
-                     ["tests/test_gradcheck.py", "tests/test_plain_vs_fast.py", "tests/test_train.py"],
+    "minattn/fast/flat.py": ["tests/test_launches.py", "tests/test_nn_optim.py", "tests/test_train.py",
+                             "tests/test_plain_vs_fast.py"],   # its own tests (strict device) come first
+    # (value tests first, then test_launches, whose launch budgets also fail when a mutant adds or drops an
+    # array operation, and its flat-buffer tests)
+    "minattn/fast/": ["tests/test_engine.py", "tests/test_gradient_paths.py", "tests/test_graph.py",
+                      "tests/test_nn_optim.py"] + DEFS + ["tests/test_gradcheck.py", "tests/test_launches.py",
+                                                          "tests/test_plain_vs_fast.py", "tests/test_train.py"],
     "tests/": ["tests/test_golden_modes.py"],
 }
 
@@ -104,6 +116,10 @@ DEFINITIONS = [
       "GeometricWeights backward: one term scaled by 1.01"),
     M(A + "geometric.py", "where(self.right, bs[..., 1:], bs[..., :1])", "where(self.right, bs[..., :1], bs[..., 1:])",
       "directions swapped (s← for j > i)"),
+    M(A + "geometric.py", "blocked_scan = F.cumsum(m_scan, axis=-1) - m_scan", "blocked_scan = F.cumsum(m_scan, axis=-1)",
+      "composed Eq. 7: a key blocks itself"),
+    M(A + "geometric.py", "    return alpha * qk + F.where(right, bs[..., 1:], bs[..., :1])",
+      "    return alpha * qk + F.where(right, bs[..., :1], bs[..., 1:])", "composed Eqs. 9-10: directions swapped"),
     M(A + "geometric.py", "bs = s * beta + gamma                                           # (B, H, T, 2): β s",
       "bs = s * beta                                           # (B, H, T, 2): β s", "γ dropped (fused)"),
     M(A + "geometric.py", "bs = s * beta + gamma                                               # (B, H, T, 2)\n",
@@ -500,7 +516,8 @@ CORE = [
     M(FA + "slices.py", "            view += item.g", "            view += 1.01 * item.g", "annex Slices.total ×1.01"),
     M(FA + "slices.py", "        gx[items[0].index] = items[0].g\n", "        gx[items[0].index] = items[0].g * 1.01\n",
       "annex Slices.total: the first slice ×1.01"),
-    M(FA + "slices.py", "    spans.sort(key=lambda span: span[0])", "    spans.sort(key=lambda span: -span[0])",
+    M(FA + "slices.py", '"concatenate" if kinds.pop() else "stack", [span[3] for span in spans]',
+      '"concatenate" if kinds.pop() else "stack", [span[3] for span in spans][::-1]',
       "annex Slices: tiles put side by side in the wrong order"),
     M(FA + "slices.py", "            return Slices(self.index, gy, self.shape)", "            return Slices(self.index, gy * 1.01, self.shape)",
       "annex SlicingGetItem ×1.01"),

@@ -211,6 +211,17 @@ def test_the_switch_picks_fused_or_composed_forms():
         assert type(faster(ops.GetItem)) is type and faster(ops.GetItem) is ops.GetItem
 
 
+@pytest.mark.parametrize("textbook", [False, True], ids=["fused", "composed"])
+def test_cross_entropy_is_the_mean_negative_log_likelihood_of_the_counted_targets(textbook):
+    """CE = (1/|counted|) Σ_{i counted} −log softmax(x_i)[t_i], ignored targets left out of sum and count
+    (PyTorch's reduction="mean"); written with a loop over rows, on both paths."""
+    x = np.random.default_rng(0).standard_normal((2, 3, 5))
+    t = np.array([[0, 4, -1], [2, -1, 2]])
+    terms = [-(row[k] - np.log(np.exp(row).sum())) for row, k in zip(x.reshape(-1, 5), t.reshape(-1)) if k != -1]
+    with plain(textbook):
+        loss = F.cross_entropy(Tensor(x), t, ignore_index=-1)
+    assert float(loss.data) == pytest.approx(sum(terms) / len(terms), rel=1e-12)
+
 def test_cross_entropy_rejects_bad_targets():
     with pytest.raises(ValueError, match="out of range"):
         F.cross_entropy(Tensor(np.zeros((2, 3))), np.array([0, 3]))
