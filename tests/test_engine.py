@@ -165,6 +165,7 @@ FUSED_AND_COMPOSED = [   # (name, fused form, composed form, input shapes) -- bo
     ("softmax", lambda x: ops.Softmax(-1)(x), ops.softmax_composed, [(4, 6)]),
     ("softmax_axis0", lambda x: ops.Softmax(0)(x), lambda x: ops.softmax_composed(x, 0), [(4, 6)]),
     ("log_softmax", lambda x: ops.LogSoftmax(-1)(x), ops.log_softmax_composed, [(4, 6)]),
+    ("log_softmax_axis0", lambda x: ops.LogSoftmax(0)(x), lambda x: ops.log_softmax_composed(x, 0), [(4, 6)]),
     ("cross_entropy", lambda x: ops.CrossEntropy(np.array([0, 5, -1, 3]), -1)(x),
      lambda x: ops.cross_entropy_composed(x, np.array([0, 5, -1, 3]), -1), [(4, 6)]),
     ("layer_norm", lambda x, w, b: ops.LayerNorm()(x, w, b), ops.layer_norm_composed, [(2, 4, 6), (6,), (6,)]),

@@ -177,6 +177,9 @@ def test_clip_grad_norm_over_the_flat_buffer_matches_one_by_one():
     flat_grads = [_host(p.grad) for p in params]
     opt.step()                                                 # uses the clipped flat gradient as it is
     assert all(np.array_equal(_host(p.grad), g) for p, g in zip(params, flat_grads))
+    norm = optim.clip_grad_norm(params, 100.0)                 # a norm under max_norm: the gradients stay as they are
+    assert float(_host(norm)) == pytest.approx(1.0, rel=1e-5)
+    assert all(np.array_equal(_host(p.grad), g) for p, g in zip(params, flat_grads))
 
 
 @pytest.mark.parametrize("device", ["cpu", "strict"])
