@@ -8,9 +8,10 @@ tests/test_golden.py), and restores the file. A mutant that no test kills is the
 tests/test_golden.py alone, to count what only the 3-step snapshot catches. It prints each survivor and the
 share killed without and with the golden snapshot.
 
-    .venv/bin/python tests/mutation.py                 # the whole catalogue (18 min on 2 busy cores)
+    .venv/bin/python tests/mutation.py                 # the whole catalogue (289 mutants, 13 min on 2 busy cores)
     .venv/bin/python tests/mutation.py --only geometric --no-golden
-    .venv/bin/python tests/mutation.py --section definitions   # that section alone (8 min on 2 busy cores)
+    .venv/bin/python tests/mutation.py --section definitions   # that section alone (175 mutants, ~8 min)
+    .venv/bin/python tests/mutation.py --section core          # engine, ops, nn, optim, fast/ (114, ~5 min)
     .venv/bin/python tests/mutation.py --list
 
 Mutants known to be equivalent (no test can kill them: same values) are listed in its EQUIVALENT with the
@@ -23,8 +24,9 @@ environment, the plain path runs where tests ask for it (plain(), tests/test_pla
 tests/test_graph.py, tests/test_engine.py's fused-vs-composed table), and most of the annex acts only off
 NumPy, which the strict test device is.
 
-Last full run (main 006af6b + this catalogue, 2 shared cores with a training job beside it):
-SCORE_PLACEHOLDER
+Last full run (main 006af6b + this catalogue; 2 shared cores, a training job running beside it): 288 of 288
+counted mutants killed without the golden snapshot (100%; definitions 174/174, core 114/114), so 288/288
+with it too; 1 equivalent mutant (below) reported apart; 0 anchor errors; 754 s (12.6 min) wall time.
 """
 import argparse
 import os
