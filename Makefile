@@ -2,8 +2,9 @@
 #   make test [DEVICE=gpu]                      the test suite (DEVICE=gpu: GPU cases must run, not skip)
 #   make test-slow                              the slow training checks
 #   make golden                                 rewrite tests/golden/* after an intended change, then check them
-#   make mutation [ARGS="--only NAME"]          plant the mutant catalogue (tests/mutation.py) into a copy; not CI
+#   make mutation [ARGS="--only NAME"]          plant the mutant catalogue (tests/mutants.py) into a copy; not CI
 #   make mutation ARGS="--section definitions"  only the definitions section (attention, models, data, checker)
+#   make mutation ARGS="--section core"         only the core section (engine, ops, nn, optim, the annex fast/)
 #   make train TASK=ctl MODEL=ndr DEVICE=cpu ARGS="--steps 1000"
 #   make plot RUN=runs/ctl-ndr-cpu-s0 [TASK=ctl MODEL=ndr]  pictures of a checkpoint into RUN/plots
 #   make bench                                  launches per step (tests/counting.py), engine/model speed (not a test)
@@ -59,7 +60,7 @@ golden: venv
 	$(PY) -m pytest -q tests/test_golden.py tests/test_split_checksums.py
 	git diff --stat -- tests/golden
 
-# Semantic mutants planted one at a time in a temporary copy of the tree (issue 31 item 5); ~18 min on 2 cores.
+# Semantic mutants planted one at a time in a temporary copy of the tree (issue 31 item 5); ~13 min on 2 cores.
 mutation: venv
 	$(PY) tests/mutation.py $(ARGS)
 

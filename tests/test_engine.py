@@ -165,6 +165,7 @@ FUSED_AND_COMPOSED = [   # (name, fused form, composed form, input shapes) -- bo
     ("softmax", lambda x: ops.Softmax(-1)(x), ops.softmax_composed, [(4, 6)]),
     ("softmax_axis0", lambda x: ops.Softmax(0)(x), lambda x: ops.softmax_composed(x, 0), [(4, 6)]),
     ("log_softmax", lambda x: ops.LogSoftmax(-1)(x), ops.log_softmax_composed, [(4, 6)]),
+    ("log_softmax_axis0", lambda x: ops.LogSoftmax(0)(x), lambda x: ops.log_softmax_composed(x, 0), [(4, 6)]),
     ("cross_entropy", lambda x: ops.CrossEntropy(np.array([0, 5, -1, 3]), -1)(x),
      lambda x: ops.cross_entropy_composed(x, np.array([0, 5, -1, 3]), -1), [(4, 6)]),
     ("layer_norm", lambda x, w, b: ops.LayerNorm()(x, w, b), ops.layer_norm_composed, [(2, 4, 6), (6,), (6,)]),
@@ -210,6 +211,17 @@ def test_the_switch_picks_fused_or_composed_forms():
         assert not isinstance(F.layer_norm(x, Tensor(np.ones(3)), Tensor(np.zeros(3))).creator, ops.LayerNorm)
         assert type(faster(ops.GetItem)) is type and faster(ops.GetItem) is ops.GetItem
 
+
+@pytest.mark.parametrize("textbook", [False, True], ids=["fused", "composed"])
+def test_cross_entropy_is_the_mean_negative_log_likelihood_of_the_counted_targets(textbook):
+    """CE = (1/|counted|) Σ_{i counted} −log softmax(x_i)[t_i], ignored targets left out of sum and count
+    (PyTorch's reduction="mean"); written with a loop over rows, on both paths."""
+    x = np.random.default_rng(0).standard_normal((2, 3, 5))
+    t = np.array([[0, 4, -1], [2, -1, 2]])
+    terms = [-(row[k] - np.log(np.exp(row).sum())) for row, k in zip(x.reshape(-1, 5), t.reshape(-1)) if k != -1]
+    with plain(textbook):
+        loss = F.cross_entropy(Tensor(x), t, ignore_index=-1)
+    assert float(loss.data) == pytest.approx(sum(terms) / len(terms), rel=1e-12)
 
 def test_cross_entropy_rejects_bad_targets():
     with pytest.raises(ValueError, match="out of range"):

@@ -131,6 +131,33 @@ def test_parameters_are_views_of_the_flat_buffer_and_state_dicts_keep_their_form
     assert opt._flat.intact() and (_host(params[1].data) < 2).all()
 
 
+def test_a_loaded_state_is_what_the_flat_buffer_steps_from():
+    """load_state_dict while the parameters are still views of the flat buffer (resuming into the same
+    model): the next flat step reads the loaded moments, as one parameter at a time does."""
+    donor, rng = _params(5), np.random.default_rng(6)
+    opt_donor = optim.AdamW(donor, lr=0.01)
+    for _ in range(2):
+        for p in donor:
+            p.grad = _dev(rng.standard_normal(p.shape))
+        opt_donor.step()
+    sd = opt_donor.state_dict()
+    flat, single = _params(0), [nn.Parameter(_host(p.data)) for p in _params(0)]   # single: NumPy, never flat
+    opt_flat, opt_single = optim.AdamW(flat, lr=0.01), [optim.AdamW([p], lr=0.01) for p in single]
+    for step in range(2):
+        if step == 1:                                          # after the first step built the buffer
+            opt_flat.load_state_dict(sd)
+            for i, o in enumerate(opt_single):
+                o.load_state_dict({"t": sd["t"], "lr": sd["lr"], "state": [sd["state"][i]]})
+        for p, q in zip(flat, single):
+            g = rng.standard_normal(p.shape).astype(np.float32)
+            p.grad, q.grad = _dev(g), g
+        opt_flat.step()
+        for o in opt_single:
+            o.step()
+    assert opt_flat._flat.intact()
+    for p, q in zip(flat, single):
+        np.testing.assert_array_equal(_host(p.data), _host(q.data))
+
 def test_clip_grad_norm_over_the_flat_buffer_matches_one_by_one():
     params = _params(0)
     opt = optim.SGD(params, lr=0.0)
@@ -149,6 +176,9 @@ def test_clip_grad_norm_over_the_flat_buffer_matches_one_by_one():
         np.testing.assert_allclose(_host(p.grad), g / expected, rtol=1e-5)
     flat_grads = [_host(p.grad) for p in params]
     opt.step()                                                 # uses the clipped flat gradient as it is
+    assert all(np.array_equal(_host(p.grad), g) for p, g in zip(params, flat_grads))
+    norm = optim.clip_grad_norm(params, 100.0)                 # a norm under max_norm: the gradients stay as they are
+    assert float(_host(norm)) == pytest.approx(1.0, rel=1e-5)
     assert all(np.array_equal(_host(p.grad), g) for p, g in zip(params, flat_grads))
 
 

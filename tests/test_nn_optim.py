@@ -114,6 +114,21 @@ def test_dropout_uses_the_rng_set_on_the_model():
     assert not np.array_equal(outs[0], outs[2])
 
 
+
+def test_a_dropout_in_a_repeated_block_draws_one_mask_per_application():
+    """Inside ``Module.repeated(n)`` a dropout draws its n masks at once, in one (n, ...) draw, and hands
+    them out in turn: each application gets a mask of its own (a shared layer is dropped out afresh at
+    every step, as n separate calls would be), and the block reads the stream as that one draw does."""
+    drop = nn.Dropout(0.5)
+    x = Tensor(np.ones((4, 6), np.float32))
+    drop.set_rng(backend.RNG(0))
+    with drop.repeated(3):
+        outs = [drop(x).data for _ in range(3)]
+    masks = backend.RNG(0).keep_mask((3, 4, 6), 0.5) * np.float32(2)
+    for out, mask in zip(outs, masks):
+        np.testing.assert_array_equal(out, mask)
+    assert not np.array_equal(outs[0], outs[1]) and not np.array_equal(outs[1], outs[2])
+
 def test_sinusoidal_positions_layouts():
     pe = nn.sinusoidal_positions(np.array([0, 3, -2]), 6)
     i = np.arange(3)
