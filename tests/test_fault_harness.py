@@ -29,6 +29,7 @@ import pytest
 
 import train
 
+from .test_faults import _set
 from .test_train import ROOT, TINY, ctl_generated, run  # noqa: F401 (ctl_generated: an autouse fixture)
 
 pytestmark = pytest.mark.slow
@@ -236,13 +237,7 @@ def _crafted(marker):
         return craft
 
     def setter(key, value):
-        def edit(meta):
-            *keys, last = key.split(".")
-            d = meta
-            for k in keys:
-                d = d[k]
-            d[last] = value
-        return meta_edit(edit)
+        return meta_edit(_set(key, value))
 
     def strip_optimizer(path):
         arrays = _members(path)
