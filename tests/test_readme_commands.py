@@ -1,6 +1,6 @@
-"""Every training command that README.md and RESULTS.md give still resolves: each `python train.py ...` with a
---task, run with --show-config (nothing is trained or written). Placeholders are filled in: MODEL with every
-model of the task, a|b with each, N with 500, S with 1, DIR with a name."""
+"""Every training command that README.md and RESULTS.md give (inline, fenced or indented) still resolves: each
+`python train.py ...` with a --task, run with --show-config (nothing is trained or written). Placeholders are
+filled in: MODEL with every model of the task, a|b with each, N with 500, S with 1, DIR with a name."""
 import os
 import re
 import shlex
@@ -24,7 +24,10 @@ def commands():
         inline = [" ".join(c.split()) for c in re.findall(r"`(python train\.py[^`]*)`", text)]
         blocks = [line.split("#")[0].strip() for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S)
                   for line in block.splitlines() if line.startswith("python train.py")]
-        found += [(name, c) for c in inline + blocks]
+        # indented (four-space) blocks, a backslash continuing a command on the next line
+        indented = [" ".join(c.replace("\\\n", " ").split("#")[0].split())
+                    for c in re.findall(r"^    (python train\.py(?:[^\n]*\\\n)*[^\n]*)", text, re.M)]
+        found += [(name, c) for c in inline + blocks + indented]
     return [(name, c) for name, c in dict.fromkeys(found)
             if "--task" in c and "..." not in c and not any(m in c for m in NOT_TRAINING)]
 
