@@ -33,8 +33,8 @@ class RelationalOptions(EpochSchedule):
 # lowest-loss epoch reported, at most 400 epochs (the authors' README command; their script's default was
 # 200). With 10 seeds, the Abstractor's points in the paper lie inside mean ± 2 s.e. of this rule at 300 and 500
 # sequences and between the 200- and 400-epoch caps at 200 and 400 (the baselines' at 1,500 and 2,000, 5 seeds:
-# the Transformer's inside the 200-epoch cap's, the Ablation's between the caps); the released code's rule (``stop_on=valid_tf``,
-# patience 50) puts the Abstractor at 0.69 (10 seeds) where the paper has .206 (RESULTS.md, "Sorting with the
+# the Transformer's inside the 200-epoch cap's, the Ablation's between the caps); the released code's rule
+# (``stop_on=valid_tf``, patience 50) puts the Abstractor at 0.69 (10 seeds) where the paper has .206 (RESULTS.md, "Sorting with the
 # figure's protocol"). The models' fields are AbstractorConfig's (transformer-seq2seq reads only its
 # EncoderDecoderConfig fields).
 SORT_RUN = dict(batch_size=512, eval_batch_size=2000, lr=1e-3, weight_decay=0.0, grad_clip=0.0, steps=None,
