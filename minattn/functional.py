@@ -11,6 +11,10 @@ from .ops import (abs, broadcast_to, concat, cross_entropy, cumsum, embedding, e
                   sigmoid, softmax, softplus, sqrt, stack, straight_through, sum, swapaxes, tanh, transpose, where)
 
 
+# The logit a forbidden key gets before a softmax or sigmoid: finite, so that a row with every key masked stays
+# finite (−inf would give NaN), and so far below any real logit that its weight is exactly 0 in float32.
+MASKED = -1e9
+
 def dropout(x, p, rng, training=None):
     """Inverted dropout: zero each entry with probability ``p`` and scale the rest by 1/(1−p), so
     nothing changes at evaluation. Active only when ``training`` (a module's flag; default True) AND

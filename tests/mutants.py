@@ -137,7 +137,7 @@ DEFINITIONS = [
     M(A + "additive.py", "hidden = F.relu(projected", "hidden = F.tanh(projected", "Eq. 5: tanh for ReLU"),
     M(A + "additive.py", "return Tensor(F.one_hot_argmax(e))", "return F.softmax(e)", "evaluation: soft for argmax"),
     M(A + "additive.py", 'hard=self.activation == "gumbel_st"', "hard=False", "straight-through never hard"),
-    M(A + "additive.py", "xp.where(key_mask, 0.0, MASKED)", "xp.where(key_mask, MASKED, 0.0)", "mask inverted"),
+    M(A + "additive.py", "xp.where(key_mask, 0.0, F.MASKED)", "xp.where(key_mask, F.MASKED, 0.0)", "mask inverted"),
     M(A + "additive.py", "(query @ self.w1_query)", "(query @ self.w1_query * 0.5)", "query half of W1 halved"),
     # --- functional -------------------------------------------------------------------------------------
     M("minattn/functional.py", "soft = softmax((logits + noise) / tau, axis=axis)",

@@ -26,7 +26,6 @@ from .. import functional as F
 from ..engine import Tensor, is_training
 from ..nn import Linear, Module, Parameter, uniform
 
-MASKED = -1e9
 ACTIVATIONS = ("softmax", "gumbel_st", "gumbel")
 TEMPERATURES = ("conditioned", "latent", "fixed")
 
@@ -59,14 +58,14 @@ class AdditiveAttention(Module):
     def prepare(self, keys, key_mask=None):
         """Per-sequence work: (W1_k k_j + b1 (B, n, H), additive score bias (B, n)).
 
-        The bias holds b2 and the padding mask (0 or MASKED). b2 shifts every score of a row equally,
+        The bias holds b2 and the padding mask (0 or F.MASKED). b2 shifts every score of a row equally,
         so it changes nothing; it exists for parity with the reference's parameter count."""
         B, n, d_key = keys.shape
         projected = (keys.reshape(B * n, d_key) @ self.w1_key + self.b1).reshape(B, n, -1)
         if key_mask is None:
             return projected, self.w2.bias
         xp = backend.array_module(keys.data)
-        return projected, self.w2.bias + xp.where(key_mask, 0.0, MASKED).astype(keys.dtype)
+        return projected, self.w2.bias + xp.where(key_mask, 0.0, F.MASKED).astype(keys.dtype)
 
     def scores(self, query, prepared):
         """e (B, n) for a query (B, d_query), given ``prepare``'s output."""

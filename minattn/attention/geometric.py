@@ -27,7 +27,6 @@ from .. import functional as F
 from ..engine import Function, faster, is_plain
 from ..nn import Dropout, Linear, Module, Parameter, head_size, uniform
 
-MASKED = -1e9  # substitute logit for masked keys: σ = 0 exactly, log(1 − σ) = 0 exactly
 
 
 def scan_order(T):
@@ -66,7 +65,7 @@ class GeometricWeights(Function):
     With m = log(1 − σ(z)) = −softplus(z) and ℓ = log σ(z) = z + m, log A_ij = ℓ_ij + Σ_{k∈S_ij} m_ik =
     z_ij + (the sum of m over the keys scanned up to and including j): one cumulative sum in scan order.
     Backward, with g = ∂L/∂log A = ∂L/∂A ⊙ A: ∂L/∂m_ik is the sum of g over the keys scanned from k on,
-    and ∂m/∂z = −σ(z) = −exp(ℓ). Masked keys get z = MASKED: σ = 0, m = 0, A = 0, and a gradient of
+    and ∂m/∂z = −σ(z) = −exp(ℓ). Masked keys get z = F.MASKED: σ = 0, m = 0, A = 0, and a gradient of
     exactly 0 with no mask in the backward. 7 array operations forward and 8 back; its composed form
     (``geometric_weights_composed``, below) takes 15 forward and 17 back.
     """
@@ -83,7 +82,7 @@ class GeometricWeights(Function):
 
     def forward(self, z):
         xp = backend.array_module(z)
-        self.z = xp.where(self.invalid, z.dtype.type(MASKED), z)
+        self.z = xp.where(self.invalid, z.dtype.type(F.MASKED), z)
         self.softplus = xp.logaddexp(z.dtype.type(0), self.z)             # −m
         self.A = xp.exp(self.z - self._scan_cumsum(self.softplus))
         return self.A
@@ -109,7 +108,7 @@ class PermuteKeys(Function):
 
 def geometric_weights_composed(z, invalid):
     """Eq. 7 in log space, composed of ops: A = exp(log σ(z) + Σ_{k∈S_ij} log(1 − σ(z_ik)))."""
-    z = F.masked_fill(z, invalid, MASKED)
+    z = F.masked_fill(z, invalid, F.MASKED)
     log_p = F.logsigmoid(z)                                                 # ℓ = log σ(z)
     log_not_p = F.logsigmoid(-z)                                            # m = log(1 − σ(z))
     rows, perm, inv = constants(z.shape[-1], z.data)[:3]

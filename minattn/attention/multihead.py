@@ -18,7 +18,6 @@ from .. import backend
 from .. import functional as F
 from ..nn import Dropout, Linear, Module, Parameter, head_size, keras_fans, xavier_uniform
 
-MASKED = -1e9
 INITS = ("default", "keras")   # how the Abstractor-family models draw their kernels (docs/abstractor.md §5.1)
 
 
@@ -38,10 +37,10 @@ def attention_mask(key_mask, T_q, T_k, causal, like):
 
 
 def masked_softmax(logits, key_mask=None, causal=False):
-    """softmax over the keys of logits (B, H, T, S); forbidden keys get the finite MASKED logit."""
+    """softmax over the keys of logits (B, H, T, S); forbidden keys get the finite F.MASKED logit."""
     mask = attention_mask(key_mask, logits.shape[-2], logits.shape[-1], causal, logits.data)
     if mask is not None:
-        logits = F.masked_fill(logits, ~mask, MASKED)
+        logits = F.masked_fill(logits, ~mask, F.MASKED)
     return F.softmax(logits, axis=-1)
 
 

@@ -23,14 +23,13 @@ from ..nn import Dropout, Linear, Module, Parameter, keras_fans, xavier_uniform
 from .multihead import attention_mask, check_init
 
 ACTIVATIONS = ("softmax", "sigmoid", "tanh", "linear")
-MASKED = -1e9  # finite stand-in for −inf before a softmax: a fully masked row stays finite
 
 
 def relation_activation(R, activation, mask=None):
     """σ_rel(R) over the last axis; ``mask`` (broadcastable, True = may attend) zeroes forbidden keys:
     through −1e9 logits for softmax, by multiplication for the elementwise activations."""
     if activation == "softmax":
-        return F.softmax(R if mask is None else F.masked_fill(R, ~mask, MASKED), axis=-1)
+        return F.softmax(R if mask is None else F.masked_fill(R, ~mask, F.MASKED), axis=-1)
     out = {"sigmoid": F.sigmoid, "tanh": F.tanh, "linear": lambda r: r}[activation](R)
     return out if mask is None else F.masked_fill(out, ~mask, 0.0)
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import backend
 from .. import functional as F
-from ..attention.compositional import MASKED, CompositionalAttention, search_mask
+from ..attention.compositional import CompositionalAttention, search_mask
 from ..nn import Linear, Module
 
 @dataclass
@@ -61,7 +61,7 @@ class CRTMultiHeadAttention(Module):
         logits = (q @ k.swapaxes(-1, -2)) * (1.0 / math.sqrt(ds))                             # (B, H, T, T)
         invalid = search_mask(key_mask, T, self.mask_diagonal, x.data)
         if invalid is not None:
-            logits = F.masked_fill(logits, invalid, MASKED)
+            logits = F.masked_fill(logits, invalid, F.MASKED)
         A = F.softmax(logits, axis=-1)
         h = (A @ v).transpose(0, 2, 1, 3).reshape(B, T, H * dv)
         if self.concat:
