@@ -8,7 +8,7 @@ import os
 
 from .errors import UsageError
 from .recipes import recipe_for
-from .recipes.base import field_types
+from .recipes.base import field_types, fields
 from .rundir import CHECKPOINT, Corrupted, _int, _number, check_resumable, identity, load_checkpoint, settings
 
 
@@ -61,7 +61,18 @@ def parse_settings(items, task, model, allowed=None):
         if allowed is not None and key not in allowed:
             raise UsageError(f"--set {item}: a trained run takes only {', '.join(k + '=N' for k in allowed)}")
         settings[key] = _parse_value(key, value, task, model, allowed)
+        _refuse_ignored(key, item, task, model)
     return settings
+
+
+def _refuse_ignored(key, item, task, model):
+    """A setting the model never reads would change nothing: refused, naming the models that do read it."""
+    recipe = recipe_for(task)
+    if model in recipe.models and key in recipe.ignored_settings(model):
+        readers = [m for m in recipe.models if key in fields(recipe.model_config_class(m))
+                   and key not in recipe.ignored_settings(m)]
+        raise UsageError(f"--set {item}: {model} does not use {key}, so it would change nothing"
+                         + (f" (the models that do: {', '.join(readers)})" if readers else ""))
 
 
 def saved_settings(ckpt, path):

@@ -175,7 +175,7 @@ class AbstractorSeq2Seq(Seq2SeqTransformer):
         contexts = {"a": 1, "b": 1, "d": 2, "e": 3 if cfg.attend_a1 else 2}
         if cfg.architecture not in contexts:
             raise ValueError(f"unknown architecture {cfg.architecture!r}; use one of a, b, d, e")
-        if cfg.activation not in ACTIVATIONS:
+        if not ablation and cfg.activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation {cfg.activation!r}; use one of {', '.join(ACTIVATIONS)}")
         if cfg.architecture == "a":
             cfg = dataclasses.replace(cfg, n_encoder_layers=0)   # (a) has no encoder
@@ -198,11 +198,16 @@ def _transformer_seq2seq(n_tgt_tokens, n_classes, cfg, d_src=None, n_src_tokens=
     return Seq2SeqTransformer(n_tgt_tokens, n_classes, base, d_src, n_src_tokens, seed)
 
 
-# The sorting models by name: the class (or function) that builds each from (n_tgt_tokens, n_classes, cfg, ...).
+# The sorting models by name: the class (or function) that builds each from (n_tgt_tokens, n_classes, cfg, ...),
+# and the settings of AbstractorConfig it never reads (``ignores``: --set refuses them).
 SEQ2SEQ_MODELS = {
     "abstractor": dict(build=AbstractorSeq2Seq),
-    "abstractor-ablation": dict(build=functools.partial(AbstractorSeq2Seq, ablation=True)),
-    "transformer-seq2seq": dict(build=_transformer_seq2seq),
+    # the ablation's relational cross-attention is plain cross-attention: no σ_rel, no W_q = W_k, no RCA scale
+    "abstractor-ablation": dict(build=functools.partial(AbstractorSeq2Seq, ablation=True),
+                                ignores=("activation", "symmetric", "rca_scale")),
+    # the Transformer reads the EncoderDecoderConfig fields only (_transformer_seq2seq)
+    "transformer-seq2seq": dict(build=_transformer_seq2seq, ignores=tuple(
+        f.name for f in dataclasses.fields(AbstractorConfig) if f.name not in EncoderDecoderConfig.__annotations__)),
 }
 
 

@@ -10,6 +10,7 @@ wide with biases (docs/abstractor.md §5: the parameter counts need this). Atten
 causal self, cross) by overriding one method.
 """
 import math
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -225,9 +226,10 @@ class CoDAEncoderDecoderConfig(CoDAConfig, EncoderDecoderConfig):
     """EncoderDecoderConfig plus CoDA's options (``coda_*``, read only by ``transformer-seq2seq-coda``)."""
 
 
-# The token-input encoder–decoders by name (MLU): the class that builds each, and the gate its training log
-# follows (``gate_mean``; as in models/encoder.py ``Architecture``).
+# The token-input encoder–decoders by name (MLU): the class that builds each, the gate its training log
+# follows (``gate_mean``; as in models/encoder.py ``Architecture``), and the settings it never reads (``ignores``).
 MODELS = {
-    "transformer-seq2seq": dict(build=Seq2SeqTransformer, gate=None),
+    "transformer-seq2seq": dict(build=Seq2SeqTransformer, gate=None,
+                                ignores=tuple(f.name for f in dataclasses.fields(CoDAConfig))),
     "transformer-seq2seq-coda": dict(build=CoDASeq2SeqTransformer, gate="coda"),
 }
