@@ -71,6 +71,9 @@ def user_values():
         raise UsageError(str(e)) from None
 
 
+TASK_FLAGS = ("split", "train_size", "searches", "retrievals", "ood")   # task options with a flag of their own
+
+
 def make_config(task, model, preset="cpu", **overrides):
     """The full configuration of a run: the preset for (task, model), then explicit overrides (settings of
     the run, the task options or the model, by name; None means "keep the preset's"). The task options are
@@ -82,8 +85,10 @@ def make_config(task, model, preset="cpu", **overrides):
         raise UsageError(f"unknown preset {preset!r}; valid presets: cpu, paper")
     fields = field_types(recipe, model)
     unknown = sorted(k for k, v in overrides.items() if v is not None and k not in fields)
-    if "split" in unknown:
-        raise UsageError(f"task {task} has no --split")
+    flags = [k for k in unknown if k in TASK_FLAGS]   # a task option given as its flag to a task without it
+    if flags:
+        having = [t for r in RECIPES for t in r.tasks if flags[0] in field_types(r, next(iter(r.models)))]
+        raise UsageError(f"task {task} has no --{flags[0].replace('_', '-')} (the tasks with one: {', '.join(having)})")
     if unknown:
         raise UsageError(f"unknown setting {unknown[0]!r}; valid: "   # task, model, preset: flags, not settings
                          f"{', '.join(sorted(k for k in fields if k not in ('task', 'model', 'preset')))}")

@@ -51,6 +51,8 @@ def test_unknown_names_exit_2_with_the_valid_ones(flag, value, valid, capsys, tm
     (["--set", "n_head=3"], "d_model 128 must be a positive multiple of n_head 3"),
     (["--set", "n_steps=0"], "n_steps ≥ 1"),
     (["--set", "dropout=1.5"], "dropout probability must be in [0, 1), got 1.5"),
+    (["--train-size", "10"], "task ctl has no --train-size (the tasks with one: sort, pairwise, set, mlu)"),
+    (["--ood"], "task ctl has no --ood (the tasks with one: retrieval)"),
 ])
 def test_bad_settings_exit_2_before_training(args, message, capsys, tmp_path):
     code, err = run(["--task", "ctl", "--no-progress", "--out", str(tmp_path)] + args, capsys)
