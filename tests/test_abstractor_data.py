@@ -154,7 +154,7 @@ def test_steps_and_evaluations_count_epochs():
     (["--task", "sort", "--model", "abstractor", "--train-size", "80000"], "train size 80000 is out of range"),
     (["--task", "sort", "--model", "abstractor", "--set", "architecture=c"], "unknown architecture"),
     (["--task", "set", "--model", "abstractor-simplified", "--set", "cards=images"], "unknown card encoding"),
-    (["--task", "ctl", "--model", "ndr", "--train-size", "5"], "unknown setting 'train_size'"),
+    (["--task", "ctl", "--model", "ndr", "--train-size", "5"], "task ctl has no --train-size"),
 ])
 def test_bad_settings_exit_2_with_one_line(argv, message, tmp_path, capsys):
     assert train.main(argv + ["--out", str(tmp_path / "run"), "--no-progress"]) == 2

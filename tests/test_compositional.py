@@ -342,7 +342,7 @@ def test_training_reports_l1_metrics_and_the_analysis(tmp_path, capsys):
 
 def test_retrieval_flags_are_checked(tmp_path, capsys):
     assert train.main(["--task", "ctl", "--searches", "2", "--out", str(tmp_path)]) == 2
-    assert "unknown setting 'searches'" in capsys.readouterr().err
+    assert "task ctl has no --searches (the tasks with one: retrieval)" in capsys.readouterr().err
     assert train.main(TINY + ["--set", "ood=maybe", "--out", str(tmp_path)]) == 2
     assert "expected" in capsys.readouterr().err
     assert train.main(TINY + ["--set", "d_model=10", "--out", str(tmp_path)]) == 2     # 10 is not a multiple of 4
