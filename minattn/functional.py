@@ -15,6 +15,7 @@ from .ops import (abs, broadcast_to, concat, cross_entropy, cumsum, embedding, e
 # finite (−inf would give NaN), and so far below any real logit that its weight is exactly 0 in float32.
 MASKED = -1e9
 
+
 def dropout(x, p, rng, training=None):
     """Inverted dropout: zero each entry with probability ``p`` and scale the rest by 1/(1−p), so
     nothing changes at evaluation. Active only when ``training`` (a module's flag; default True) AND

@@ -25,8 +25,6 @@ from .. import backend
 from .. import functional as F
 from ..nn import Linear, Module, Parameter, uniform
 
-# Substitute logit for forbidden keys: finite, so no inf − inf enters the graph (docs/compositional.md §3.3).
-
 
 def search_mask(key_mask, T, mask_diagonal, like):
     """Boolean mask broadcastable to (B, heads, T, T), True = FORBIDDEN key; None when nothing is."""
@@ -81,7 +79,7 @@ class CompositionalAttention(Module):
         logits = (q @ k.swapaxes(-1, -2)) * (1.0 / math.sqrt(ds))               # (B, S, T, T)   Eq. 7
         invalid = search_mask(key_mask, T, self.mask_diagonal, x.data)
         if invalid is not None:
-            logits = F.masked_fill(logits, invalid, F.MASKED)
+            logits = F.masked_fill(logits, invalid, F.MASKED)   # finite: no inf − inf (docs/compositional.md §3.3)
         A = F.softmax(logits, axis=-1)                                          # Eq. 8
         # Eq. 10 in ONE batched matmul: A_s @ [V_1 | … | V_R] = [A_s V_1 | … | A_s V_R], as V is shared.
         O_sr = (A @ v).reshape(B, S, T, R, dv)                                  # (B, S, T, R, dv)

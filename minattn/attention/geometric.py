@@ -28,7 +28,6 @@ from ..engine import Function, faster, is_plain
 from ..nn import Dropout, Linear, Module, Parameter, head_size, uniform
 
 
-
 def scan_order(T):
     """perm[i] lists the keys in the order query i scans them: i, i+1, i−1, i+2, i−2, ... (right wins
     ties); inv is its inverse permutation (inv[i, perm[i, p]] = p)."""
