@@ -207,7 +207,8 @@ SEQ2SEQ_MODELS = {
                                 ignores=("activation", "symmetric", "rca_scale")),
     # the Transformer reads the EncoderDecoderConfig fields only (_transformer_seq2seq)
     "transformer-seq2seq": dict(build=_transformer_seq2seq, ignores=tuple(
-        f.name for f in dataclasses.fields(AbstractorConfig) if f.name not in EncoderDecoderConfig.__annotations__)),
+        f.name for f in dataclasses.fields(AbstractorConfig)
+        if f.name not in {g.name for g in dataclasses.fields(EncoderDecoderConfig)})),
 }
 
 

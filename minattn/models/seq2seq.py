@@ -9,8 +9,8 @@ wide with biases (docs/abstractor.md §5: the parameter counts need this). Atten
 ``Seq2SeqTransformer.attention``, so a variant (e.g. CoDA) swaps all three kinds (encoder self, decoder
 causal self, cross) by overriding one method.
 """
-import math
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import numpy as np
