@@ -25,21 +25,23 @@ def _sync(xp):
         xp.cuda.Stream.null.synchronize()
 
 
-def timeit(fn, xp=np, repeat=5, min_time=0.2):
-    """Median seconds per call of ``fn`` over ``repeat`` batches of calls lasting ≥ min_time each."""
+def timeit(fn, xp=np, repeat=5, min_time=0.2, sync=None):
+    """Median seconds per call of ``fn`` over ``repeat`` batches of calls lasting ≥ min_time each.
+    ``sync`` waits for the device (default: CuPy's null stream when ``xp`` is CuPy)."""
+    sync = sync or (lambda: _sync(xp))
     fn()
-    _sync(xp)
+    sync()
     n, times = 1, []
     t0 = time.perf_counter()
     fn()
-    _sync(xp)
+    sync()
     one = max(time.perf_counter() - t0, 1e-7)
     n = max(1, int(min_time / one))
     for _ in range(repeat):
         t0 = time.perf_counter()
         for _ in range(n):
             fn()
-        _sync(xp)
+        sync()
         times.append((time.perf_counter() - t0) / n)
     return statistics.median(times)
 

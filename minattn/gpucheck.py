@@ -7,7 +7,11 @@ It runs, printing their output as they go, and then one summary line for each:
 3. ``resume``: NDR on CTL at the paper preset for 200 steps, and the same run stopped after 100 steps and
    resumed to 200: every array of the two final checkpoints (parameters, optimizer state) and the
    final metrics must be bit-identical. Float atomics or a device RNG that does not replay would show
-   here first.
+   here first;
+4. ``torch``:  where PyTorch is installed, NDR's training step at the paper's CTL shape against the same
+   model in PyTorch eager on the same device (``python -m minattn.torch_twin``), after
+   ``tests/test_torch_twin.py`` has checked that the two compute the same logits and gradients. Without
+   torch it passes as "skipped" (torch is no dependency of minattn).
 
 It needs a Python with numpy, cupy, tqdm and pytest and nothing else (no venv, no network):
 ``make gpu-check PY=python3``. It runs ``train.py`` from the repository this package sits in. Arguments
@@ -27,7 +31,7 @@ import numpy as np
 from . import backend
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PARTS = ("tests", "bench", "resume")
+PARTS = ("tests", "bench", "resume", "torch")
 
 
 def _run(argv, env=None):
@@ -95,7 +99,21 @@ def check_resume(device, opts):
                   f"{results[0]['ms_per_step']} ms/step; final {results[0]['final_metrics']}")
 
 
-CHECKS = {"tests": check_tests, "bench": check_bench, "resume": check_resume}
+def check_torch(device, opts):
+    """minattn/torch ms per step of NDR at the paper's CTL shape, once the twin is shown to compute the same."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return True, "skipped: PyTorch is not installed"
+    code, lines = _run([sys.executable, "-m", "pytest", "-q", "tests/test_torch_twin.py"])
+    if code != 0:
+        return False, "the torch twin does not match minattn: " + (lines[-1] if lines else "")
+    code, lines = _run([sys.executable, "-m", "minattn.torch_twin", "--device", device, "--preset", "paper"])
+    timing = [ln.strip() for ln in lines if "minattn/torch" in ln][:1]
+    return code == 0 and bool(timing), (timing[0] if timing else f"exit status {code}")
+
+
+CHECKS = {"tests": check_tests, "bench": check_bench, "resume": check_resume, "torch": check_torch}
 
 
 def main(argv=None):

@@ -55,3 +55,17 @@ def test_make_gpu_check_with_a_given_python_builds_no_venv_and_the_venv_gets_cup
     assert "install -q 'cupy-cuda12x[ctk]'" in p.stdout and "-m minattn.gpucheck" in p.stdout
     p = _make_n("venv", "DEVICE=gpu", "CUPY=cupy-cuda13x")
     assert "uninstall -q -y cupy-cuda12x" in p.stdout and "install -q 'cupy-cuda13x[ctk]'" in p.stdout
+
+
+def test_the_torch_part_passes_as_skipped_without_torch_and_fails_on_a_mismatch(monkeypatch, capsys):
+    try:
+        import torch  # noqa: F401
+        pytest.skip("torch is installed: the part runs for real (make gpu-check)")
+    except ImportError:
+        pass
+    assert gpucheck.main(["--device", "cpu", "--only", "torch"]) == 0
+    assert "torch   PASS  skipped: PyTorch is not installed" in capsys.readouterr().out
+    monkeypatch.setitem(__import__("sys").modules, "torch", object())         # "installed"
+    monkeypatch.setattr(gpucheck, "_run", lambda argv, env=None: (1, ["1 failed"]))
+    assert gpucheck.main(["--device", "cpu", "--only", "torch"]) == 1
+    assert "torch   FAIL  the torch twin does not match minattn: 1 failed" in capsys.readouterr().out

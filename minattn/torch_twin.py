@@ -1,0 +1,189 @@
+"""The NDR classifier written again in PyTorch eager, to time minattn against it on the same GPU.
+
+    python -m minattn.torch_twin [--device gpu|cpu] [--preset paper|cpu] [--repeat N]
+
+torch is not a dependency of minattn: this module is only run where torch is installed (the GPU machines
+have it). ``TorchNDR`` computes what ``minattn.models.encoder.Classifier("ndr", ...)`` computes, op for op
+(Csordás et al. 2022, §3 Eqs. 5–10: geometric attention in log space, the directional term, the copy
+gate), and ``TorchNDR.load(model)`` copies a minattn model's weights into it, so that
+``tests/test_torch_twin.py`` can check that both give the same logits and gradients before any time is
+compared. Timing: one training step (forward, backward, gradient clipping, AdamW) on a fixed batch, the
+median of ``--repeat`` timings, minattn and torch in the same process on the same device.
+"""
+import argparse
+import sys
+
+import numpy as np
+
+from . import backend, optim
+from . import functional as F
+from .attention.geometric import scan_order
+from .bench import timeit, train_step
+from .models.encoder import Classifier, EncoderConfig
+
+# one training step of NDR on CTL: the paper's row (d 256, d_ff 512, 1 head, 14 steps, batch 512) and the
+# cpu preset's (d 128); T = 7: CTL's training sequences are 4–8 tokens with SOS and EOS, bucketed.
+SHAPES = {
+    "paper": dict(cfg=dict(d_model=256, d_ff=512, n_head=1, n_steps=14, dropout=0.5, attention_dropout=0.1,
+                           gate_dropout=0.1), batch=512, T=7, lr=1.5e-4, weight_decay=0.01, clip=5.0),
+    "cpu": dict(cfg=dict(d_model=128, d_ff=256, n_head=1, n_steps=14, dropout=0.3, attention_dropout=0.1,
+                         gate_dropout=0.1), batch=128, T=7, lr=3e-4, weight_decay=0.01, clip=5.0),
+}
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        raise SystemExit("error: minattn.torch_twin needs PyTorch (pip install torch); minattn itself does not")
+    return torch
+
+
+def build_twin(torch):
+    """The TorchNDR class (built here so that importing this module does not import torch)."""
+    nn = torch.nn
+
+    class TorchNDR(nn.Module):
+        """Classifier("ndr") in PyTorch: same parameters (stored as minattn stores them: x @ W), same ops."""
+
+        def __init__(self, n_tokens, n_classes, cfg):
+            super().__init__()
+            d, H, f = cfg.d_model, cfg.n_head, cfg.d_ff
+            self.cfg, self.H = cfg, H
+            P = lambda *shape: nn.Parameter(torch.zeros(*shape))
+            self.embedding = P(n_tokens + 2, d)
+            self.w_qkv, self.b_q, self.w_s, self.b_s, self.w_o = P(d, 3 * d), P(d), P(d, 2 * H), P(2 * H), P(d, d)
+            self.alpha, self.beta, self.gamma = P(1), P(1), P(1)
+            self.norm_merge, self.norm_out = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.w1, self.b1 = P(d, f + d), P(f + d)          # [W1 of the feed-forward | W1 of the gate]
+            self.w2, self.b2, self.wg, self.bg = P(f, d), P(d), P(d, d), P(d)
+            self.w_head, self.b_head = P(d, n_classes), P(n_classes)
+            self.consts = {}
+
+        @torch.no_grad()
+        def load(self, model):
+            """Copy the weights of a minattn Classifier("ndr") into this twin."""
+            enc, layer = model.encoder, model.encoder.layer
+            att = layer.attn
+            np_ = lambda p: torch.as_tensor(backend.to_numpy(p.data))
+            for name, value in [
+                    ("embedding", enc.embedding.weight), ("w_qkv", att.w_qkv), ("w_s", att.direction.weight),
+                    ("b_s", att.direction.bias), ("w_o", att.w_o), ("alpha", att.alpha), ("beta", att.beta),
+                    ("gamma", att.gamma), ("w2", layer.ff.fc2.weight), ("b2", layer.ff.fc2.bias),
+                    ("wg", layer.gate.fc2.weight), ("bg", layer.gate.fc2.bias), ("w_head", model.head.weight),
+                    ("b_head", model.head.bias)]:
+                getattr(self, name).copy_(np_(value))
+            self.b_q.copy_(np_(att.b_q).reshape(-1))
+            self.w1.copy_(torch.cat([np_(layer.ff.fc1.weight), np_(layer.gate.fc1.weight)], 1))
+            self.b1.copy_(torch.cat([np_(layer.ff.fc1.bias), np_(layer.gate.fc1.bias)]))
+            for mine, theirs in ((self.norm_merge, layer.norm_merge), (self.norm_out, layer.norm_out)):
+                mine.weight.copy_(np_(theirs.weight))
+                mine.bias.copy_(np_(theirs.bias))
+            return self
+
+        def constants(self, T, device):
+            if (T, device) not in self.consts:
+                perm, inv = scan_order(T)
+                i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+                self.consts[T, device] = tuple(torch.as_tensor(a, device=device) for a in (perm, inv, j > i))
+            return self.consts[T, device]
+
+        def attention(self, x, key_mask):
+            """Geometric attention with the directional term (Eqs. 7–10), as minattn's GeometricAttention."""
+            B, T, C = x.shape
+            H, cfg = self.H, self.cfg
+            dh = C // H
+            b = torch.cat([self.b_q, self.b_q.new_zeros(2 * C), self.b_s])
+            y = x.reshape(B * T, C) @ torch.cat([self.w_qkv, self.w_s], 1) + b
+            q, k, v = y[:, :3 * C].reshape(B, T, 3, H, dh).permute(2, 0, 3, 1, 4)
+            k = torch.nn.functional.dropout(k, cfg.attention_dropout, self.training)
+            s = y[:, 3 * C:].reshape(B, T, H, 2).permute(0, 2, 1, 3)
+            perm, inv, right = self.constants(T, x.device)
+            bs = s * self.beta + self.gamma
+            z = self.alpha * (q @ k.transpose(-1, -2)) + torch.where(right, bs[..., 1:], bs[..., :1])
+            invalid = torch.eye(T, dtype=torch.bool, device=x.device) | ~key_mask[:, None, None, :]
+            z = z.masked_fill(invalid, F.MASKED)
+            softplus = torch.nn.functional.softplus(z)        # −log(1 − σ(z)); log A = z − Σ_scan softplus
+            scan = softplus.gather(-1, perm.expand_as(z)).cumsum(-1).gather(-1, inv.expand_as(z))
+            A = torch.exp(z - scan)
+            return ((A @ v).transpose(1, 2).reshape(B * T, C) @ self.w_o).reshape(B, T, C)
+
+        def layer(self, h, key_mask):
+            """The copy-gated layer (Eqs. 5–6), as minattn's CopyGateLayer."""
+            B, T, d = h.shape
+            drop = lambda t, p: torch.nn.functional.dropout(t, p, self.training)
+            a = self.norm_merge(h + drop(self.attention(h, key_mask), self.cfg.dropout))
+            hidden = drop(torch.relu(a.reshape(B * T, d) @ self.w1 + self.b1), self.cfg.dropout)
+            u = self.norm_out(hidden[:, :-d] @ self.w2 + self.b2)
+            g = torch.sigmoid(hidden[:, -d:] @ self.wg + self.bg)
+            if self.training and self.cfg.gate_dropout:   # closes a column's whole gate, without rescaling
+                g = g * (torch.rand(B * T, 1, device=g.device) >= self.cfg.gate_dropout)
+            return h + g.reshape(B, T, d) * (u.reshape(B, T, d) - h)
+
+        def forward(self, ids, lengths):
+            B, T = ids.shape
+            key_mask = torch.arange(T, device=ids.device)[None, :] < lengths[:, None]
+            h = self.embedding[ids]
+            for _ in range(self.cfg.n_steps):
+                h = self.layer(h, key_mask)
+            return h[torch.arange(B, device=ids.device), lengths - 1] @ self.w_head + self.b_head
+
+    return TorchNDR
+
+
+def compare(preset="paper", device="cpu", repeat=5):
+    """ms per training step of minattn's NDR and of its torch twin, same shapes, same device, one process."""
+    torch = _torch()
+    sh = SHAPES[preset]
+    cfg = EncoderConfig(**sh["cfg"])
+    B, T = sh["batch"], sh["T"]
+    xp = backend.get_xp(device)
+    tdev = "cuda" if device == "gpu" else "cpu"
+    rng = np.random.default_rng(0)
+    ids, y = rng.integers(0, 19, (B, T)), rng.integers(0, 8, B)
+
+    model = Classifier("ndr", 19, 8, cfg).to(device)
+    x_, len_, y_ = xp.asarray(ids), xp.full(B, T), xp.asarray(y)
+    opt = optim.AdamW(model.parameters(), lr=sh["lr"], weight_decay=sh["weight_decay"])
+    step = train_step(model, opt, lambda: F.cross_entropy(model(x_, len_), y_), backend.RNG(0, device), sh["clip"])
+    t_minattn = timeit(step, xp, repeat, min_time=1.0)
+
+    twin = build_twin(torch)(19, 8, cfg).load(Classifier("ndr", 19, 8, cfg)).to(tdev)
+    tx, tlen, ty = (torch.as_tensor(a, device=tdev) for a in (ids, np.full(B, T), y))
+    topt = torch.optim.AdamW(twin.parameters(), lr=sh["lr"], weight_decay=sh["weight_decay"])
+
+    def torch_step():
+        loss = torch.nn.functional.cross_entropy(twin(tx, tlen), ty)
+        topt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(twin.parameters(), sh["clip"])
+        topt.step()
+
+    sync = torch.cuda.synchronize if tdev == "cuda" else None
+    t_torch = timeit(torch_step, np, repeat, min_time=1.0, sync=sync)
+    c = sh["cfg"]
+    print(f"NDR on CTL, {preset} preset (d {c['d_model']}, d_ff {c['d_ff']}, {c['n_head']} head, {c['n_steps']} steps), "
+          f"batch {B}×{T}, one training step (forward, backward, clip, AdamW) on {device}:")
+    print(f"  minattn {t_minattn * 1e3:7.1f} ms/step   torch {torch.__version__} eager {t_torch * 1e3:7.1f} ms/step   "
+          f"minattn/torch {t_minattn / t_torch:5.2f}")
+    return t_minattn, t_torch
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="gpu", choices=("cpu", "gpu"))
+    ap.add_argument("--preset", default="paper,cpu", help=f"comma-separated of {list(SHAPES)}")
+    ap.add_argument("--repeat", type=int, default=5)
+    opts = ap.parse_args(argv)
+    try:
+        backend.get_xp(opts.device)
+    except backend.DeviceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for preset in opts.preset.split(","):
+        compare(preset, opts.device, opts.repeat)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
