@@ -175,12 +175,16 @@ def main(argv=None):
     ap.add_argument("--preset", default="paper,cpu", help=f"comma-separated of {list(SHAPES)}")
     ap.add_argument("--repeat", type=int, default=5)
     opts = ap.parse_args(argv)
+    presets = opts.preset.split(",")
+    if set(presets) - set(SHAPES):
+        print(f"error: --preset takes {', '.join(SHAPES)}, got {opts.preset!r}", file=sys.stderr)
+        return 2
     try:
         backend.get_xp(opts.device)
     except backend.DeviceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    for preset in opts.preset.split(","):
+    for preset in presets:
         compare(preset, opts.device, opts.repeat)
     return 0
 
