@@ -69,3 +69,10 @@ def test_the_torch_part_passes_as_skipped_without_torch_and_fails_on_a_mismatch(
     monkeypatch.setattr(gpucheck, "_run", lambda argv, env=None: (1, ["1 failed"]))
     assert gpucheck.main(["--device", "cpu", "--only", "torch"]) == 1
     assert "torch   FAIL  the torch twin does not match minattn: 1 failed" in capsys.readouterr().out
+
+
+def test_torch_twin_refuses_an_unknown_preset_in_one_line(capsys):
+    from minattn import torch_twin
+    assert torch_twin.main(["--device", "cpu", "--preset", "paper,huge"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "paper, cpu" in err and "huge" in err
