@@ -17,18 +17,14 @@ import numpy as np
 
 from . import backend, optim
 from . import functional as F
-from .attention.geometric import scan_order
+from .attention.geometric import constants
 from .bench import timeit, train_step
-from .models.encoder import Classifier, EncoderConfig
+from .models.encoder import Classifier
+from .recipes import recipe_for
 
-# one training step of NDR on CTL: the paper's row (d 256, d_ff 512, 1 head, 14 steps, batch 512) and the
-# cpu preset's (d 128); T = 7: CTL's training sequences are 4–8 tokens with SOS and EOS, bucketed.
-SHAPES = {
-    "paper": dict(cfg=dict(d_model=256, d_ff=512, n_head=1, n_steps=14, dropout=0.5, attention_dropout=0.1,
-                           gate_dropout=0.1), batch=512, T=7, lr=1.5e-4, weight_decay=0.01, clip=5.0),
-    "cpu": dict(cfg=dict(d_model=128, d_ff=256, n_head=1, n_steps=14, dropout=0.3, attention_dropout=0.1,
-                         gate_dropout=0.1), batch=128, T=7, lr=3e-4, weight_decay=0.01, clip=5.0),
-}
+# one training step of NDR on CTL at a preset of its recipe (model, batch, lr, weight decay, clipping as the
+# runs have them); T = 7: CTL's training sequences are 4–8 tokens with SOS and EOS, bucketed.
+PRESETS, T = ("paper", "cpu"), 7
 
 
 def _torch():
@@ -82,10 +78,10 @@ def build_twin(torch):
             return self
 
         def constants(self, T, device):
+            """minattn's scan order (perm, inv) and mask j > i (``right``) for length T, as torch tensors."""
             if (T, device) not in self.consts:
-                perm, inv = scan_order(T)
-                i, j = np.arange(T)[:, None], np.arange(T)[None, :]
-                self.consts[T, device] = tuple(torch.as_tensor(a, device=device) for a in (perm, inv, j > i))
+                _, perm, inv, right, _ = constants(T, np.zeros((), np.float32))
+                self.consts[T, device] = tuple(torch.as_tensor(a, device=device) for a in (perm, inv, right))
             return self.consts[T, device]
 
         def attention(self, x, key_mask):
@@ -134,9 +130,8 @@ def build_twin(torch):
 def compare(preset="paper", device="cpu", repeat=5):
     """ms per training step of minattn's NDR and of its torch twin, same shapes, same device, one process."""
     torch = _torch()
-    sh = SHAPES[preset]
-    cfg = EncoderConfig(**sh["cfg"])
-    B, T = sh["batch"], sh["T"]
+    run = recipe_for("ctl").config("ctl", "ndr", preset)
+    cfg, B = run.model_config, run.batch_size
     xp = backend.get_xp(device)
     tdev = "cuda" if device == "gpu" else "cpu"
     rng = np.random.default_rng(0)
@@ -144,25 +139,24 @@ def compare(preset="paper", device="cpu", repeat=5):
 
     model = Classifier("ndr", 19, 8, cfg).to(device)
     x_, len_, y_ = xp.asarray(ids), xp.full(B, T), xp.asarray(y)
-    opt = optim.AdamW(model.parameters(), lr=sh["lr"], weight_decay=sh["weight_decay"])
-    step = train_step(model, opt, lambda: F.cross_entropy(model(x_, len_), y_), backend.RNG(0, device), sh["clip"])
+    opt = optim.AdamW(model.parameters(), lr=run.lr, weight_decay=run.weight_decay)
+    step = train_step(model, opt, lambda: F.cross_entropy(model(x_, len_), y_), backend.RNG(0, device), run.grad_clip)
     t_minattn = timeit(step, xp, repeat, min_time=1.0)
 
     twin = build_twin(torch)(19, 8, cfg).load(Classifier("ndr", 19, 8, cfg)).to(tdev)
     tx, tlen, ty = (torch.as_tensor(a, device=tdev) for a in (ids, np.full(B, T), y))
-    topt = torch.optim.AdamW(twin.parameters(), lr=sh["lr"], weight_decay=sh["weight_decay"])
+    topt = torch.optim.AdamW(twin.parameters(), lr=run.lr, weight_decay=run.weight_decay)
 
     def torch_step():
         loss = torch.nn.functional.cross_entropy(twin(tx, tlen), ty)
         topt.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(twin.parameters(), sh["clip"])
+        torch.nn.utils.clip_grad_norm_(twin.parameters(), run.grad_clip)
         topt.step()
 
     sync = torch.cuda.synchronize if tdev == "cuda" else None
     t_torch = timeit(torch_step, np, repeat, min_time=1.0, sync=sync)
-    c = sh["cfg"]
-    print(f"NDR on CTL, {preset} preset (d {c['d_model']}, d_ff {c['d_ff']}, {c['n_head']} head, {c['n_steps']} steps), "
+    print(f"NDR on CTL, {preset} preset (d {cfg.d_model}, d_ff {cfg.d_ff}, {cfg.n_head} head, {cfg.n_steps} steps), "
           f"batch {B}×{T}, one training step (forward, backward, clip, AdamW) on {device}:")
     print(f"  minattn {t_minattn * 1e3:7.1f} ms/step   torch {torch.__version__} eager {t_torch * 1e3:7.1f} ms/step   "
           f"minattn/torch {t_minattn / t_torch:5.2f}")
@@ -172,12 +166,12 @@ def compare(preset="paper", device="cpu", repeat=5):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="gpu", choices=("cpu", "gpu"))
-    ap.add_argument("--preset", default="paper,cpu", help=f"comma-separated of {list(SHAPES)}")
+    ap.add_argument("--preset", default="paper,cpu", help=f"comma-separated of {list(PRESETS)}")
     ap.add_argument("--repeat", type=int, default=5)
     opts = ap.parse_args(argv)
     presets = opts.preset.split(",")
-    if set(presets) - set(SHAPES):
-        print(f"error: --preset takes {', '.join(SHAPES)}, got {opts.preset!r}", file=sys.stderr)
+    if set(presets) - set(PRESETS):
+        print(f"error: --preset takes {', '.join(PRESETS)}, got {opts.preset!r}", file=sys.stderr)
         return 2
     try:
         backend.get_xp(opts.device)

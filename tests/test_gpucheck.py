@@ -2,6 +2,7 @@
 its power to find a difference, the one-line refusal without a GPU, and the Makefile wiring."""
 import os
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -65,7 +66,7 @@ def test_the_torch_part_passes_as_skipped_without_torch_and_fails_on_a_mismatch(
         pass
     assert gpucheck.main(["--device", "cpu", "--only", "torch"]) == 0
     assert "torch   PASS  skipped: PyTorch is not installed" in capsys.readouterr().out
-    monkeypatch.setitem(__import__("sys").modules, "torch", object())         # "installed"
+    monkeypatch.setitem(sys.modules, "torch", object())         # "installed"
     monkeypatch.setattr(gpucheck, "_run", lambda argv, env=None: (1, ["1 failed"]))
     assert gpucheck.main(["--device", "cpu", "--only", "torch"]) == 1
     assert "torch   FAIL  the torch twin does not match minattn: 1 failed" in capsys.readouterr().out
