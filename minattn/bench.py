@@ -132,20 +132,21 @@ def encoder_flops(B, T, cfg, gated):
 def bench_ndr(device, repeat):
     """NDR on CTL at the cpu preset: a training step on a batch of CTL-sized sequences, and evaluation."""
     from .engine import eval_mode, no_grad
-    from .models.encoder import Classifier, EncoderConfig
+    from .models.encoder import Classifier
+    from .recipes import recipe_for
     xp = backend.get_xp(device)
-    cfg = EncoderConfig(d_model=128, d_ff=256, n_head=1, n_steps=14, dropout=0.3, attention_dropout=0.1,
-                        gate_dropout=0.1)
-    B, T = 128, 7  # CTL training samples are 4–8 tokens with SOS/EOS; bucketing leaves little padding
+    run = recipe_for("ctl").config("ctl", "ndr", "cpu")
+    cfg = run.model_config
+    B, T = run.batch_size, 7  # CTL training samples are 4–8 tokens with SOS/EOS; bucketing leaves little padding
     model = Classifier("ndr", 19, 8, cfg).to(device)
     rng = np.random.default_rng(0)
     x = xp.asarray(rng.integers(0, 19, (B, T)))
     lengths = xp.full(B, T)
     y = xp.asarray(rng.integers(0, 8, B))
-    opt = optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)
+    opt = optim.AdamW(model.parameters(), lr=run.lr, weight_decay=run.weight_decay)
     run_rng = backend.RNG(0, device)
 
-    step = train_step(model, opt, lambda: F.cross_entropy(model(x, lengths), y), run_rng, clip=5.0)
+    step = train_step(model, opt, lambda: F.cross_entropy(model(x, lengths), y), run_rng, clip=run.grad_clip)
 
     def evaluate():
         with no_grad(), eval_mode():
@@ -154,7 +155,7 @@ def bench_ndr(device, repeat):
     t = timeit(step, xp, repeat, min_time=1.0)
     te = timeit(evaluate, xp, repeat, min_time=1.0)
     flops = encoder_flops(B, T, cfg, gated=True)
-    print(f"ndr     CTL cpu preset (d=128, d_ff=256, 14 steps), batch {B}×{T}:")
+    print(f"ndr     CTL cpu preset (d={cfg.d_model}, d_ff={cfg.d_ff}, {cfg.n_steps} steps), batch {B}×{T}:")
     print(f"        train {t * 1e3:7.1f} ms/step  {B * T / t:8.0f} tokens/s  {flops / 1e9:5.1f} GFLOP/step  "
           f"MFU {flops / t / peak:4.2f} (peak {peak / 1e9:.0f} GFLOP/s)")
     print(f"        eval  {te * 1e3:7.1f} ms/batch  train/eval time per sample {t / te:4.1f}×")
