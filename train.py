@@ -369,8 +369,8 @@ def parse_args(argv=None):
     ap.add_argument("--model", help="one of: " + ", ".join(models) + " (default ndr)")
     ap.add_argument("--split", help="scan: the split, e.g. filler0, length, length_cutoff_26 (all: SCAN_SPLITS in "
                     "minattn/data/seq2attn.py)")
-    ap.add_argument("--device", default="cpu", help="cpu or gpu (needs CuPy: make venv DEVICE=gpu, or "
-                    "pip install -e '.[gpu]'; see README \"On a GPU\")")
+    ap.add_argument("--device", help="cpu (default) or gpu (needs CuPy: make venv DEVICE=gpu, or "
+                    "pip install -e '.[gpu]'; see README \"On a GPU\"); a --resume keeps the run's unless given")
     ap.add_argument("--preset", help="cpu (default; ~30 min on 2 cores) or paper (the paper's hyperparameters, "
                     "for a GPU); a --resume keeps the run's")
     ap.add_argument("--steps", type=int, help="optimizer steps (default: the preset's)")
@@ -447,6 +447,7 @@ def main(argv=None):
 
 def _main(args, where):
     """main() without its error handling; ``where["out"]``: the run directory, once training starts."""
+    device_given, args.device = args.device, args.device or "cpu"
     for flag in ("task", "model", "preset", "split", "out", "plot_dir", "resume"):
         if getattr(args, flag) == "":
             raise UsageError(f"--{flag.replace('_', '-')} is empty")
@@ -484,6 +485,15 @@ def _main(args, where):
         # setting come from its checkpoint; flags given now (e.g. --steps) still apply on top.
         saved = resume_settings(args.out, args.task, args.model, args.preset)
         args.task, args.model, args.preset = saved.pop("task"), saved.pop("model"), saved.pop("preset")
+        # a run trained on the GPU continues there: resuming it on the CPU by default would be ~10x slower
+        # and not bit for bit; --device moves it
+        args.device = device_given or saved.pop("device")
+        if not device_given and args.device == "gpu":
+            try:
+                backend.get_xp("gpu")
+            except backend.DeviceError as e:
+                raise UsageError(f"{e}; the run in {args.out} was trained on the GPU: --device cpu continues it "
+                                 "on the CPU") from None
     args.task = "ctl" if args.task is None else args.task
     args.model, args.preset = args.model or "ndr", args.preset or "cpu"
     recipe_for(args.task)

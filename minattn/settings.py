@@ -90,6 +90,8 @@ def saved_settings(ckpt, path):
         if kind is not None and value is not None and not ok[kind](value):
             what = {int: "an integer", float: "a number", bool: "true or false", str: "text"}[kind]
             raise Corrupted(f"checkpoint {path} is corrupted (config.{key}: expected {what}, got {value!r:.40})")
+    if flat.get("device") not in (None, "cpu", "gpu"):   # not in the identity, so checked here (a resume runs there)
+        raise Corrupted(f"checkpoint {path} is corrupted (config.device: {flat['device']!r:.40}, not cpu or gpu)")
     for key in ("steps", "batch_size", "lr", "eval_every", "eval_batch_size"):   # as make_config has them: > 0
         if flat.get(key) is not None and not flat[key] > 0:
             raise Corrupted(f"checkpoint {path} is corrupted (config.{key}: {flat[key]}, not positive)")
@@ -109,7 +111,6 @@ def resume_settings(out_dir, task=None, model=None, preset=None):
             raise UsageError(f"{out_dir} holds a {saved['task']} / {saved['model']} run ({saved['preset']} preset), "
                              f"not --{flag} {given}: a resume continues the run as it is (drop --{flag}, or choose "
                              "another --out)")
-    saved.pop("device")
     return saved
 
 

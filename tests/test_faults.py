@@ -242,6 +242,7 @@ CRAFTED = {   # name: (edit of the metadata, edit of the arrays, what the one li
     "options a list": (_set("config.options", [1]), None, "config: expected"),
     "an option ctl does not take": (lambda m: [d.update(options={"train_size": 5}) for d in (m["config"], m["identity"])],
                                     None, "config.train_size: no such setting"),
+    "device not cpu or gpu": (_set("config.device", "tpu"), None, "config.device: 'tpu', not cpu or gpu"),
     "last a list": (_set("last", [1]), None, "last: expected"),
     "last with a string metric": (_set("last", {"valid": "x"}), None, "last: expected"),
 }
@@ -358,6 +359,30 @@ def test_resume_with_another_preset_task_or_model_says_so(fresh, capsys):
         assert f"holds a ctl / ndr run (cpu preset), not {flag} {value}" in err
     code, err = run(["--resume", fresh, "--task", "ctl", "--steps", "4", "--no-progress"], capsys)   # its own task
     assert code == 0, err
+
+
+def test_resume_continues_on_the_runs_device_unless_device_is_given(fresh, capsys, monkeypatch):
+    _rewrite(os.path.join(fresh, "checkpoint.npz"), edit_meta=_set("config.device", "gpu"))  # as a GPU run's
+    devices = []
+
+    def gpu_found(device):
+        devices.append(("checked", device))
+
+    def stop(cfg, out, resume, progress):
+        devices.append(cfg.device)
+        raise train.UsageError("stopped before training")
+    monkeypatch.setattr(train, "train", stop)
+    monkeypatch.setattr(train.backend, "get_xp", gpu_found)
+    for extra in ([], ["--device", "cpu"], ["--device", "gpu"]):
+        assert run(["--resume", fresh, "--no-progress", *extra], capsys)[0] == 2
+    assert devices == [("checked", "gpu"), "gpu", "cpu", "gpu"]
+
+    def no_gpu(device):
+        raise train.backend.DeviceError("device 'gpu' needs CuPy")
+    monkeypatch.setattr(train.backend, "get_xp", no_gpu)   # the run moved to a machine without one
+    code, err = run(["--resume", fresh, "--no-progress"], capsys)
+    one_line_error(code, err)
+    assert "was trained on the GPU: --device cpu continues it on the CPU" in err
 
 
 def test_show_config_with_resume_shows_what_the_resume_runs(fresh, capsys):
