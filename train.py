@@ -161,6 +161,16 @@ def train(cfg, out_dir, resume=False, progress=True):
             raise
 
 
+def build(cfg):
+    """The recipe, its selection rule and its model (on the CPU) for a scheduled ``cfg``: where a bad value (e.g.
+    an unknown readout) is found, so --show-config refuses what training would."""
+    recipe = recipe_for(cfg.task)(cfg)
+    with user_values():
+        rule = recipe.selection
+        recipe.load_task()
+        return recipe, rule, recipe.build_model()
+
+
 def _train(cfg, out_dir, resume, progress):
     ckpt_path, log_path = os.path.join(out_dir, CHECKPOINT), os.path.join(out_dir, "metrics.jsonl")
     if resume:   # refused unless the checkpoint is this run's and whole (the run's budget kept unless given)
@@ -170,11 +180,9 @@ def _train(cfg, out_dir, resume, progress):
                          "or choose another --out")
 
     cfg = schedule(cfg)   # steps and evaluations counted in epochs: resolved before the recipe is built
-    recipe = recipe_for(cfg.task)(cfg)
+    recipe, rule, model = build(cfg)
+    model = model.to(cfg.device)
     with user_values():
-        rule = recipe.selection
-        recipe.load_task()
-        model = recipe.build_model().to(cfg.device)
         stream = recipe.batches(np.random.default_rng([cfg.seed, 1]))   # a pure function of the seed
     opt = optimizer(cfg, model.parameters())
     step, train_time, history = 0, 0.0, []
@@ -483,17 +491,9 @@ def _main(args, where):
     if args.resume and args.out and (args.task is None or args.model is None):
         # `--resume --out DIR` alone continues the run saved there: task, model, preset and every
         # setting come from its checkpoint; flags given now (e.g. --steps) still apply on top.
-        saved = resume_settings(args.out, args.task, args.model, args.preset)
+        saved = resume_settings(args.out, args.task, args.model, args.preset, device_given)
         args.task, args.model, args.preset = saved.pop("task"), saved.pop("model"), saved.pop("preset")
-        # a run trained on the GPU continues there: resuming it on the CPU by default would be ~10x slower
-        # and not bit for bit; --device moves it
-        args.device = device_given or saved.pop("device")
-        if not device_given and args.device == "gpu":
-            try:
-                backend.get_xp("gpu")
-            except backend.DeviceError as e:
-                raise UsageError(f"{e}; the run in {args.out} was trained on the GPU: --device cpu continues it "
-                                 "on the CPU") from None
+        args.device = saved.pop("device")
     args.task = "ctl" if args.task is None else args.task
     args.model, args.preset = args.model or "ndr", args.preset or "cpu"
     recipe_for(args.task)
@@ -522,8 +522,8 @@ def _main(args, where):
         + ["ood"] * bool(args.ood))
     out = args.out or os.path.join("runs", f"{task_name}-{args.model}-{args.preset}-s{args.seed}")
     if args.show_config:   # resolved as training would (steps may count epochs), then compared
-        if args.resume:    # as the resume would run it, or refused as it would be
-            resume_check(cfg, out)
+        # checked as the resume or the training would check it (nothing is run): what they refuse is refused
+        resume_check(cfg, out) if args.resume else build(schedule(cfg))
         preset = make_config(args.task, args.model, args.preset, split=flags["split"])
         print(show_config(schedule(cfg), schedule(preset)))
         return 0

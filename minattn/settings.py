@@ -6,6 +6,7 @@ minattn/rundir.py's; this is where the recipes are asked what a setting is.
 import json
 import os
 
+from . import backend
 from .errors import UsageError
 from .recipes import recipe_for
 from .recipes.base import field_types, fields
@@ -101,9 +102,11 @@ def saved_settings(ckpt, path):
     return flat
 
 
-def resume_settings(out_dir, task=None, model=None, preset=None):
+def resume_settings(out_dir, task=None, model=None, preset=None, device=None):
     """The settings of the run saved in out_dir (task, model, preset and the rest, flat), for a --resume that
-    takes them from its checkpoint; a --task, --model or --preset given, and not the run's, is refused."""
+    takes them from its checkpoint; a --task, --model or --preset given, and not the run's, is refused. The
+    device is the run's unless ``device`` is given: a GPU run continues on the GPU (the CPU would be ~10× slower
+    and not bit for bit), and where there is none the error says how to move it."""
     path = os.path.join(out_dir, CHECKPOINT)
     saved = saved_settings(load_checkpoint(path), path)
     for flag, given in (("task", task), ("model", model), ("preset", preset)):
@@ -111,6 +114,13 @@ def resume_settings(out_dir, task=None, model=None, preset=None):
             raise UsageError(f"{out_dir} holds a {saved['task']} / {saved['model']} run ({saved['preset']} preset), "
                              f"not --{flag} {given}: a resume continues the run as it is (drop --{flag}, or choose "
                              "another --out)")
+    if device is None and saved["device"] == "gpu":
+        try:
+            backend.get_xp("gpu")
+        except backend.DeviceError as e:
+            raise UsageError(f"{e}; the run in {out_dir} was trained on the GPU: --device cpu continues it on the "
+                             "CPU") from None
+    saved["device"] = device or saved["device"]
     return saved
 
 

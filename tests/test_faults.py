@@ -385,6 +385,19 @@ def test_resume_continues_on_the_runs_device_unless_device_is_given(fresh, capsy
     assert "was trained on the GPU: --device cpu continues it on the CPU" in err
 
 
+@pytest.mark.parametrize("task,model,setting,message", [
+    ("ctl", "ndr", "readout=banana", "unknown readout 'banana'"),
+    ("sort", "abstractor", "symbols=banana", "banana"),
+])
+def test_show_config_refuses_a_value_training_would_refuse(task, model, setting, message, tmp_path, capsys):
+    argv = ["--task", task, "--model", model, "--set", setting, "--no-progress"]
+    code, err = run(argv + ["--show-config"], capsys)
+    one_line_error(code, err)
+    assert message in err
+    code, trained = run(argv + ["--steps", "1", "--out", str(tmp_path / "run")], capsys)
+    assert code == 2 and trained == err   # the same line as training's
+
+
 def test_show_config_with_resume_shows_what_the_resume_runs(fresh, capsys):
     assert train.main(["--show-config", "--resume", fresh]) == 0
     shown = capsys.readouterr().out
