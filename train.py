@@ -455,7 +455,7 @@ def main(argv=None):
 
 def _main(args, where):
     """main() without its error handling; ``where["out"]``: the run directory, once training starts."""
-    device_given, args.device = args.device, args.device or "cpu"
+    device_given, args.device = args.device, "cpu" if args.device is None else args.device
     for flag in ("task", "model", "preset", "split", "out", "plot_dir", "resume"):
         if getattr(args, flag) == "":
             raise UsageError(f"--{flag.replace('_', '-')} is empty")

@@ -120,7 +120,7 @@ def resume_settings(out_dir, task=None, model=None, preset=None, device=None):
         except backend.DeviceError as e:
             raise UsageError(f"{e}; the run in {out_dir} was trained on the GPU: --device cpu continues it on the "
                              "CPU") from None
-    saved["device"] = device or saved["device"]
+    saved["device"] = saved["device"] if device is None else device
     return saved
 
 

@@ -352,6 +352,13 @@ def test_an_empty_flag_is_refused_not_taken_as_the_default(flag, tmp_path, capsy
     assert f"{flag} is empty" in err and not os.path.exists(tmp_path / "runs")
 
 
+def test_an_empty_device_is_refused_not_taken_as_the_cpu(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, err = run(["--device", "", "--steps", "1", "--no-progress"], capsys)
+    one_line_error(code, err)
+    assert "unknown device ''" in err and not os.path.exists(tmp_path / "runs")
+
+
 def test_resume_with_another_preset_task_or_model_says_so(fresh, capsys):
     for flag, value in (("--preset", "paper"), ("--task", "lookup"), ("--model", "transformer")):
         code, err = run(["--resume", fresh, flag, value, "--no-progress"], capsys)
