@@ -73,6 +73,14 @@ def test_set_refuses_a_setting_the_model_never_reads(task, model, setting, reade
     assert f"{model} does not use {setting.split('=')[0]}" in err and f"the models that do: {readers}" in err
 
 
+def test_a_setting_read_only_under_another_is_refused_without_it(capsys):
+    argv = ["--task", "sort", "--model", "abstractor", "--set", "n_library=64", "--show-config"]
+    assert train.main(argv) == 2
+    assert "read only with symbols=symbolic (not learned), so it would change nothing" in capsys.readouterr().err
+    assert train.main(argv + ["--set", "symbols=symbolic"]) == 0
+    assert "* n_library = 64" in capsys.readouterr().out
+
+
 def test_set_takes_the_same_setting_on_a_model_that_reads_it(capsys):
     assert train.main(["--task", "ctl", "--model", "ndr", "--set", "gate_dropout=0.2", "--show-config"]) == 0
     assert "* gate_dropout = 0.2" in capsys.readouterr().out
