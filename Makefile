@@ -64,8 +64,9 @@ golden: venv
 mutation: venv
 	$(PY) tests/mutation.py $(ARGS)
 
+# DEVICE goes to train.py only when given, so that `ARGS="--resume DIR"` continues on the run's own device.
 train: venv
-	$(PY) train.py --task $(TASK) --model $(MODEL) --device $(DEVICE) $(ARGS)
+	$(PY) train.py --task $(TASK) --model $(MODEL) $(if $(filter command line environment,$(origin DEVICE)),--device $(DEVICE)) $(ARGS)
 
 # The checkpoint names its task and model: TASK and MODEL are passed (and checked against it) only when
 # given on the command line. PNGs need matplotlib (.venv/bin/pip install -e '.[plot]'); without it the maps

@@ -52,7 +52,8 @@ from minattn.report import report  # noqa: E402
 from minattn.rundir import (CHECKPOINT, Terminated, append_line, convert, handling_signals, identity,  # noqa: E402
                             load_checkpoint, locked, missing_top, remove_empty, repair_log, running_sums,
                             save_checkpoint, stop_at_step_end, terminated, to_json, writable, write_atomic)
-from minattn.settings import parse_settings, resume_check, resume_settings, saved_settings  # noqa: E402
+from minattn.settings import (parse_settings, refuse_unread, resume_check, resume_device, resume_settings,  # noqa: E402
+                              saved_settings)
 
 
 class Diverged(Exception):
@@ -161,16 +162,6 @@ def train(cfg, out_dir, resume=False, progress=True):
             raise
 
 
-def build(cfg):
-    """The recipe, its selection rule and its model (on the CPU) for a scheduled ``cfg``: where a bad value (e.g.
-    an unknown readout) is found, so --show-config refuses what training would."""
-    recipe = recipe_for(cfg.task)(cfg)
-    with user_values():
-        rule = recipe.selection
-        recipe.load_task()
-        return recipe, rule, recipe.build_model()
-
-
 def _train(cfg, out_dir, resume, progress):
     ckpt_path, log_path = os.path.join(out_dir, CHECKPOINT), os.path.join(out_dir, "metrics.jsonl")
     if resume:   # refused unless the checkpoint is this run's and whole (the run's budget kept unless given)
@@ -180,9 +171,11 @@ def _train(cfg, out_dir, resume, progress):
                          "or choose another --out")
 
     cfg = schedule(cfg)   # steps and evaluations counted in epochs: resolved before the recipe is built
-    recipe, rule, model = build(cfg)
-    model = model.to(cfg.device)
+    recipe = recipe_for(cfg.task)(cfg)
     with user_values():
+        rule = recipe.selection
+        recipe.load_task()
+        model = recipe.build_model().to(cfg.device)
         stream = recipe.batches(np.random.default_rng([cfg.seed, 1]))   # a pure function of the seed
     opt = optimizer(cfg, model.parameters())
     step, train_time, history = 0, 0.0, []
@@ -491,9 +484,10 @@ def _main(args, where):
     if args.resume and args.out and (args.task is None or args.model is None):
         # `--resume --out DIR` alone continues the run saved there: task, model, preset and every
         # setting come from its checkpoint; flags given now (e.g. --steps) still apply on top.
-        saved = resume_settings(args.out, args.task, args.model, args.preset, device_given)
+        saved = resume_settings(args.out, args.task, args.model, args.preset)
         args.task, args.model, args.preset = saved.pop("task"), saved.pop("model"), saved.pop("preset")
-        args.device = saved.pop("device")
+    if args.resume and args.out:   # either form continues on the run's device unless --device is given
+        args.device = resume_device(args.out, device_given)
     args.task = "ctl" if args.task is None else args.task
     args.model, args.preset = args.model or "ndr", args.preset or "cpu"
     recipe_for(args.task)
@@ -514,6 +508,7 @@ def _main(args, where):
             flags[key] = value
     args.seed = flags["seed"]
     cfg = make_config(args.task, args.model, args.preset, **flags)
+    refuse_unread(cfg, overrides)
     if args.resume:   # the run's own step budget and evaluation interval (train() reads them) unless given
         cfg.steps, cfg.eval_every = flags["steps"], flags["eval_every"]
     # the data options are part of the default name, so runs at different sizes or splits don't collide
@@ -522,8 +517,8 @@ def _main(args, where):
         + ["ood"] * bool(args.ood))
     out = args.out or os.path.join("runs", f"{task_name}-{args.model}-{args.preset}-s{args.seed}")
     if args.show_config:   # resolved as training would (steps may count epochs), then compared
-        # checked as the resume or the training would check it (nothing is run): what they refuse is refused
-        resume_check(cfg, out) if args.resume else build(schedule(cfg))
+        if args.resume:    # as the resume would run it, or refused as it would be
+            resume_check(cfg, out)
         preset = make_config(args.task, args.model, args.preset, split=flags["split"])
         print(show_config(schedule(cfg), schedule(preset)))
         return 0

@@ -25,6 +25,10 @@ def setting_types(task, model=None):
             for k, t in types.items()}
 
 
+# settings a model reads only under another setting's value: the Abstractor's library of symbols (symbolic attention)
+CONDITIONAL = {"n_library": ("symbols", "symbolic")}
+
+
 def _bool(text):
     if text.lower() not in ("true", "false", "1", "0"):
         raise ValueError(text)
@@ -57,7 +61,7 @@ def parse_settings(items, task, model, allowed=None):
         key, eq, value = item.partition("=")
         if not eq:
             raise UsageError(f"--set expects KEY=VALUE, got {item!r}")
-        if key in ("task", "model", "preset"):   # they choose the settings --set changes, so they come first
+        if key in ("task", "model", "preset", "device"):   # they choose the settings --set changes, or where
             raise UsageError(f"--set {item}: use --{key} {value} instead")
         if allowed is not None and key not in allowed:
             raise UsageError(f"--set {item}: a trained run takes only {', '.join(k + '=N' for k in allowed)}")
@@ -102,11 +106,10 @@ def saved_settings(ckpt, path):
     return flat
 
 
-def resume_settings(out_dir, task=None, model=None, preset=None, device=None):
+def resume_settings(out_dir, task=None, model=None, preset=None):
     """The settings of the run saved in out_dir (task, model, preset and the rest, flat), for a --resume that
-    takes them from its checkpoint; a --task, --model or --preset given, and not the run's, is refused. The
-    device is the run's unless ``device`` is given: a GPU run continues on the GPU (the CPU would be ~10× slower
-    and not bit for bit), and where there is none the error says how to move it."""
+    takes them from its checkpoint; a --task, --model or --preset given, and not the run's, is refused. (Its
+    device: resume_device.)"""
     path = os.path.join(out_dir, CHECKPOINT)
     saved = saved_settings(load_checkpoint(path), path)
     for flag, given in (("task", task), ("model", model), ("preset", preset)):
@@ -114,14 +117,34 @@ def resume_settings(out_dir, task=None, model=None, preset=None, device=None):
             raise UsageError(f"{out_dir} holds a {saved['task']} / {saved['model']} run ({saved['preset']} preset), "
                              f"not --{flag} {given}: a resume continues the run as it is (drop --{flag}, or choose "
                              "another --out)")
-    if device is None and saved["device"] == "gpu":
+    saved.pop("device", None)
+    return saved
+
+
+def resume_device(out_dir, given=None):
+    """The device a --resume of out_dir runs on: ``given`` (--device), else the run's own, so that a GPU run
+    continues on the GPU (on the CPU it would be ~10× slower and not bit for bit); where there is no GPU, the error
+    says how to move it. A directory without a checkpoint is left to the resume's own check."""
+    path = os.path.join(out_dir, CHECKPOINT)
+    if given is not None or not os.path.exists(path):
+        return "cpu" if given is None else given
+    device = saved_settings(load_checkpoint(path), path).get("device") or "cpu"   # null in a hand-made config
+    if device == "gpu":
         try:
             backend.get_xp("gpu")
         except backend.DeviceError as e:
             raise UsageError(f"{e}; the run in {out_dir} was trained on the GPU: --device cpu continues it on the "
                              "CPU") from None
-    saved["device"] = saved["device"] if device is None else device
-    return saved
+    return device
+
+
+def refuse_unread(cfg, overrides):
+    """A --set setting that the model reads only under another setting's value, given without it, would change
+    nothing: refused (as _refuse_ignored refuses one the model never reads)."""
+    for key, (other, value) in CONDITIONAL.items():
+        if key in overrides and getattr(cfg.model_config, other, value) != value:
+            raise UsageError(f"--set {key}={overrides[key]}: {key} is read only with {other}={value} (this run has "
+                             f"{other}={getattr(cfg.model_config, other)}), so it would change nothing")
 
 
 def resume_check(cfg, out_dir):

@@ -382,7 +382,8 @@ def test_resume_continues_on_the_runs_device_unless_device_is_given(fresh, capsy
     monkeypatch.setattr(train.backend, "get_xp", gpu_found)
     for extra in ([], ["--device", "cpu"], ["--device", "gpu"]):
         assert run(["--resume", fresh, "--no-progress", *extra], capsys)[0] == 2
-    assert devices == [("checked", "gpu"), "gpu", "cpu", "gpu"]
+    assert run(TINY + ["--resume", fresh, "--steps", "4"], capsys)[0] == 2    # the long form (make train's) too
+    assert devices == [("checked", "gpu"), "gpu", "cpu", "gpu", ("checked", "gpu"), "gpu"]
 
     def no_gpu(device):
         raise train.backend.DeviceError("device 'gpu' needs CuPy")
@@ -390,19 +391,14 @@ def test_resume_continues_on_the_runs_device_unless_device_is_given(fresh, capsy
     code, err = run(["--resume", fresh, "--no-progress"], capsys)
     one_line_error(code, err)
     assert "was trained on the GPU: --device cpu continues it on the CPU" in err
+    _rewrite(os.path.join(fresh, "checkpoint.npz"), edit_meta=_set("config.device", None))   # hand-made: the CPU
+    assert run(["--resume", fresh, "--no-progress"], capsys)[0] == 2 and devices[-1] == "cpu"
 
 
-@pytest.mark.parametrize("task,model,setting,message", [
-    ("ctl", "ndr", "readout=banana", "unknown readout 'banana'"),
-    ("sort", "abstractor", "symbols=banana", "banana"),
-])
-def test_show_config_refuses_a_value_training_would_refuse(task, model, setting, message, tmp_path, capsys):
-    argv = ["--task", task, "--model", model, "--set", setting, "--no-progress"]
-    code, err = run(argv + ["--show-config"], capsys)
+def test_set_device_is_refused_for_the_flag(capsys):
+    code, err = run(["--set", "device=gpu", "--show-config"], capsys)
     one_line_error(code, err)
-    assert message in err
-    code, trained = run(argv + ["--steps", "1", "--out", str(tmp_path / "run")], capsys)
-    assert code == 2 and trained == err   # the same line as training's
+    assert "--set device=gpu: use --device gpu instead" in err
 
 
 def test_show_config_with_resume_shows_what_the_resume_runs(fresh, capsys):

@@ -10,11 +10,10 @@ import numpy as np
 import pytest
 
 import train
+from minattn.settings import CONDITIONAL   # read only under another setting's value: unread with the preset
 from minattn.engine import eval_mode
 from minattn.recipes import RECIPES
 
-# Fields a model reads only under another setting's value: unread with the preset, yet not ignored.
-CONDITIONAL = {"n_library": "the Abstractor's library of symbols, read only with symbols=symbolic"}
 
 MODEL_CODE = tuple(os.path.join(os.path.dirname(train.__file__), "minattn", d) + os.sep
                    for d in ("models", "attention", "recipes", "data"))
@@ -76,7 +75,8 @@ def test_set_refuses_a_setting_the_model_never_reads(task, model, setting, reade
 def test_a_setting_read_only_under_another_is_refused_without_it(capsys):
     argv = ["--task", "sort", "--model", "abstractor", "--set", "n_library=64", "--show-config"]
     assert train.main(argv) == 2
-    assert "read only with symbols=symbolic (not learned), so it would change nothing" in capsys.readouterr().err
+    assert ("n_library is read only with symbols=symbolic (this run has symbols=learned), so it would change "
+            "nothing") in capsys.readouterr().err
     assert train.main(argv + ["--set", "symbols=symbolic"]) == 0
     assert "* n_library = 64" in capsys.readouterr().out
 

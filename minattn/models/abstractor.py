@@ -145,9 +145,6 @@ class Abstractor(Module):
     def __init__(self, cfg, rng, ablation=False):
         if cfg.symbols not in SYMBOLS:
             raise ValueError(f"unknown symbols {cfg.symbols!r}; use one of {', '.join(SYMBOLS)}")
-        if cfg.symbols != "symbolic" and cfg.n_library != AbstractorConfig.n_library:   # else silently unused
-            raise ValueError(f"n_library is the library of symbolic attention, read only with symbols=symbolic "
-                             f"(not {cfg.symbols}), so it would change nothing")
         self.cfg = cfg
         if cfg.symbols == "symbolic":
             self.symbols = SymbolicAttention(cfg.d_model, cfg.n_library, cfg.n_head, rng=rng)
