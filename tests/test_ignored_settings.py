@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import train
-from minattn.settings import CONDITIONAL   # read only under another setting's value: unread with the preset
 from minattn.engine import eval_mode
 from minattn.recipes import RECIPES
+from minattn.settings import CONDITIONAL   # read only under another setting's value: unread with the preset
 
 
 MODEL_CODE = tuple(os.path.join(os.path.dirname(train.__file__), "minattn", d) + os.sep
