@@ -7,7 +7,7 @@
 #   make mutation ARGS="--section core"         only the core section (engine, ops, nn, optim, the annex fast/)
 #   make train TASK=ctl MODEL=ndr DEVICE=cpu ARGS="--steps 1000"
 #   make plot RUN=runs/ctl-ndr-cpu-s0 [TASK=ctl MODEL=ndr]  pictures of a checkpoint into RUN/plots
-#   make bench                                  launches per step (tests/counting.py), engine/model speed (not a test)
+#   make bench                                  launches per step (minattn/tools/counting.py), engine/model speed (not a test)
 #   make gpu-check [PY=python3]                 on a GPU machine: GPU tests, bench, a resume-exact NDR run
 PYTHON ?= python3
 VENV   := .venv
@@ -77,14 +77,14 @@ plot: venv
 		$(if $(filter command line,$(origin MODEL)),--model $(MODEL)) $(ARGS)
 
 bench: venv
-	$(PY) -m tests.counting
-	$(PY) -m minattn.bench --device $(DEVICE) $(ARGS)
+	$(PY) -m minattn.tools.counting
+	$(PY) -m minattn.tools.bench --device $(DEVICE) $(ARGS)
 
 # PY=python3 (given on the command line) runs with a Python that already has numpy, cupy, tqdm and
 # pytest, without building the venv or reaching the network.
 gpu-check: DEVICE = gpu
 gpu-check: $(if $(filter command line,$(origin PY)),,venv)
-	$(PY) -m minattn.gpucheck $(ARGS)
+	$(PY) -m minattn.tools.gpucheck $(ARGS)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

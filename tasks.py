@@ -18,7 +18,7 @@
 
 The generators live in the package (``minattn.data``) behind one interface, described in its
 docstring: ``task.splits``, ``len(split)``, ``split.lines``, ``split.describe()``. The names below
-are re-exported for scripts and the tests (train.py reaches the data through its recipes, minattn/recipes/).
+are re-exported for scripts and the tests (train.py reaches the data through its recipes, minattn/lab/recipes/).
 Generated token-classification data is cached under ``$MINATTN_CACHE`` (default ~/.cache/minattn); the
 other tasks are generated in about a second.
 """

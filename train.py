@@ -12,10 +12,10 @@ docs/checkpoints.md); at the end ``DIR/results.json``. One run holds a directory
 A loss or gradient norm that is not finite stops the run (exit code 3).
 
 What differs between papers (model, presets, batches, loss, evaluation, pictures) is a recipe in
-minattn/recipes/, found by task in its one table ``RECIPES``; the run directory's files (lock, checkpoint,
-log, --report) and the settings by name (--set) are minattn/rundir.py. This file: configuration, the loop, trained runs, the command line.
+minattn/lab/recipes/, found by task in its one table ``RECIPES``; the run directory's files (lock, checkpoint,
+log, --report) and the settings by name (--set) are minattn/lab/rundir.py. This file: configuration, the loop, trained runs, the command line.
 
-Model selection is each task's ``Selection`` (minattn/recipes/base.py): the NDR paper's (docs/ndr.md §6)
+Model selection is each task's ``Selection`` (minattn/lab/recipes/base.py): the NDR paper's (docs/ndr.md §6)
 reports "iid" at the end of training and "test" at the evaluation with the best "valid" accuracy (ties go
 to the later one), with that "best_step"; results.json holds the metrics the recipe's evaluate() returns.
 
@@ -24,7 +24,6 @@ seeded from it; dropout and gate-dropout masks of step k come from ``RNG(seed).r
 ``--resume`` replays the data stream up to the saved step and continues bit for bit.
 """
 import argparse
-import contextlib
 import dataclasses
 import json
 import math
@@ -44,16 +43,17 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before NumPy loads BLAS; s
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from minattn import backend, optim, viz  # noqa: E402
-from minattn.errors import UsageError  # noqa: E402
-from minattn.recipes import RECIPES, recipe_for  # noqa: E402
-from minattn.recipes.base import field_types, older_metrics, optimizer, schedule, stop_early  # noqa: E402
-from minattn.report import report  # noqa: E402
-from minattn.rundir import (CHECKPOINT, Terminated, append_line, convert, handling_signals, identity,  # noqa: E402
+from minattn import backend, optim  # noqa: E402
+from minattn.lab import viz  # noqa: E402
+from minattn.lab.errors import UsageError  # noqa: E402
+from minattn.lab.recipes import RECIPES, recipe_for  # noqa: E402
+from minattn.lab.recipes.base import older_metrics, optimizer, schedule, stop_early  # noqa: E402
+from minattn.lab.report import report  # noqa: E402
+from minattn.lab.rundir import (CHECKPOINT, Terminated, append_line, convert, handling_signals, identity,  # noqa: E402
                             load_checkpoint, locked, missing_top, remove_empty, repair_log, running_sums,
                             save_checkpoint, stop_at_step_end, terminated, to_json, writable, write_atomic)
-from minattn.settings import (parse_settings, refuse_unread, resume_check, resume_device, resume_settings,  # noqa: E402
-                              saved_settings)
+from minattn.lab.settings import (make_config, parse_settings, refuse_unread,  # noqa: E402
+                                  resume_check, resume_device, resume_settings, saved_settings, user_values)
 
 
 class Diverged(Exception):
@@ -61,64 +61,6 @@ class Diverged(Exception):
 
 
 # --- configuration: a recipe's preset, then the command line's overrides ----------------------------------
-
-@contextlib.contextmanager
-def user_values():
-    """Bad user values, found where they are used (a recipe's hooks, the models, the data), raise ValueError:
-    here, and only here, that becomes a UsageError, one line for the user."""
-    try:
-        yield
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-
-
-TASK_FLAGS = ("split", "train_size", "searches", "retrievals", "ood")   # task options with a flag of their own
-
-
-def make_config(task, model, preset="cpu", **overrides):
-    """The full configuration of a run: the preset for (task, model), then explicit overrides (settings of
-    the run, the task options or the model, by name; None means "keep the preset's"). The task options are
-    given to the preset, which may count in them (e.g. SCAN's steps in epochs of its split)."""
-    recipe = recipe_for(task)
-    if model not in recipe.models:
-        raise UsageError(f"unknown model {model!r} for task {task}; valid models: {', '.join(recipe.models)}")
-    if preset not in ("cpu", "paper"):
-        raise UsageError(f"unknown preset {preset!r}; valid presets: cpu, paper")
-    fields = field_types(recipe, model)
-    unknown = sorted(k for k, v in overrides.items() if v is not None and k not in fields)
-    flags = [k for k in unknown if k in TASK_FLAGS]   # a task option given as its flag to a task without it
-    if flags:
-        having = [t for r in RECIPES for t in r.tasks if flags[0] in field_types(r, next(iter(r.models)))]
-        raise UsageError(f"task {task} has no --{flags[0].replace('_', '-')} (the tasks with one: {', '.join(having)})")
-    if unknown:
-        raise UsageError(f"unknown setting {unknown[0]!r}; valid: "   # task, model, preset: flags, not settings
-                         f"{', '.join(sorted(k for k in fields if k not in ('task', 'model', 'preset')))}")
-    option_names = {f.name for f in dataclasses.fields(recipe.Options)} if recipe.Options else set()
-    with user_values():
-        cfg = recipe.config(task, model, preset, **{k: v for k, v in overrides.items()
-                                                    if k in option_names and v is not None})
-    model_fields = {f.name for f in dataclasses.fields(cfg.model_config)}
-    for key, value in overrides.items():
-        if value is None or key in option_names:
-            continue
-        if key in model_fields:
-            cfg.model_config = dataclasses.replace(cfg.model_config, **{key: value})
-        else:
-            setattr(cfg, key, value)
-    for key in ("steps", "batch_size", "lr", "eval_every", "eval_batch_size"):   # a count or a rate: > 0
-        value = getattr(cfg, key)
-        if value is not None and not value > 0:                                  # None: counted in epochs
-            raise UsageError(f"{key} must be positive, got {value}")
-    if cfg.seed < 0:
-        raise UsageError(f"--seed must be ≥ 0, got {cfg.seed}")
-    if max(cfg.batch_size or 0, cfg.eval_batch_size) > 2 ** 20:   # refused before gigabytes are allocated
-        raise UsageError(f"batch sizes above {2 ** 20:,} are refused (the presets' largest is 2,048)")
-    for key in ("weight_decay", "grad_clip"):                                    # 0 switches them off
-        value = getattr(cfg, key)
-        if value < 0:
-            raise UsageError(f"{key} must be ≥ 0, got {value}")
-    return cfg
-
 
 def show_config(cfg, preset):
     """The resolved run configuration, its task options and its model, one field a line; ``*`` marks the
@@ -338,7 +280,7 @@ def evaluate_checkpoint(out_dir, device="cpu", settings=()):
 
 
 def plot(out_dir, device="cpu", texts=(), task=None, model=None, settings=(), plot_dir=None):
-    """Pictures of what the checkpoint in out_dir learned (minattn/viz.py) as PNGs in ``plot_dir`` (default
+    """Pictures of what the checkpoint in out_dir learned (minattn/lab/viz.py) as PNGs in ``plot_dir`` (default
     out_dir/plots), or as terminal heatmaps without matplotlib; returns the paths written. ``texts``: inputs
     to show instead of the test examples; ``task``/``model``, when given, must be the checkpoint's."""
     if any(not t.strip() for t in texts):

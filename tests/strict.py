@@ -10,6 +10,7 @@ its forward and backward never silently move data between host and device.
 import numpy as np
 
 from minattn import backend
+from minattn.tools.counting import add_operators
 
 
 class HostConversionError(TypeError):
@@ -92,45 +93,6 @@ class StrictArray:
 
     def __setitem__(self, index, value):
         self._a[_unwrap(index)] = _unwrap(value)
-
-
-def _inplace(name):
-    def iop(self, other):  # returns the array itself, as NumPy and CuPy do (``a -= b`` keeps ``a``)
-        getattr(np, name)(self, other, out=(self,))
-        return self
-    return iop
-
-
-def _binop(name):
-    ufunc = getattr(np, name)
-
-    def op(self, other):
-        if getattr(other, "__array_ufunc__", False) is None:
-            return NotImplemented  # let e.g. Tensor.__rmul__ handle it, as NumPy and CuPy do
-        return ufunc(self, other)
-
-    def rop(self, other):
-        return ufunc(other, self)
-    return op, rop
-
-
-def add_operators(cls):
-    """Give a wrapper class with ``__array_ufunc__`` Python's operators, each one NumPy ufunc call (so
-    the wrapper sees it). Shared with the counting device (tests/counting.py)."""
-    for op, uf in [("add", "add"), ("sub", "subtract"), ("mul", "multiply"), ("truediv", "true_divide"),
-                   ("matmul", "matmul"), ("pow", "power"), ("mod", "remainder"), ("and", "logical_and"),
-                   ("or", "logical_or")]:
-        f, rf = _binop(uf)
-        setattr(cls, f"__{op}__", f)
-        setattr(cls, f"__r{op}__", rf)
-        setattr(cls, f"__i{op}__", _inplace(uf))
-    for op, uf in [("lt", "less"), ("le", "less_equal"), ("gt", "greater"), ("ge", "greater_equal"),
-                   ("eq", "equal"), ("ne", "not_equal")]:
-        setattr(cls, f"__{op}__", lambda self, other, _uf=uf: getattr(np, _uf)(self, other))
-    cls.__neg__ = lambda self: np.negative(self)
-    cls.__abs__ = lambda self: np.abs(self)
-    cls.__invert__ = lambda self: np.invert(self)
-    cls.__hash__ = None
 
 
 add_operators(StrictArray)

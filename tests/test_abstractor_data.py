@@ -1,4 +1,4 @@
-"""The Abstractor's tasks (docs/abstractor.md §6) and their training recipes (minattn/recipes/abstractor.py)."""
+"""The Abstractor's tasks (docs/abstractor.md §6) and their training recipes (minattn/lab/recipes/abstractor.py)."""
 import itertools
 import json
 
@@ -8,8 +8,8 @@ import pytest
 import tasks
 from minattn.data import abstractor as objects  # noqa: E402
 import train
-from minattn import recipes
-from minattn.recipes.base import schedule
+from minattn.lab import recipes
+from minattn.lab.recipes.base import schedule
 
 
 @pytest.fixture(scope="module")

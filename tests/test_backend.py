@@ -167,7 +167,7 @@ def test_a_failed_validation_is_not_retried(fake_gpu):
     assert calls == [1]
 
 
-@pytest.mark.parametrize("command", [["train.py", "--steps", "1"], ["-m", "minattn.bench", "--only", "engine"]])
+@pytest.mark.parametrize("command", [["train.py", "--steps", "1"], ["-m", "minattn.tools.bench", "--only", "engine"]])
 def test_train_and_bench_exit_2_with_one_line_when_cuda_libraries_are_missing(command, tmp_path):
     """The real command lines, in a subprocess whose cupy is a fake that lacks cuRAND (sitecustomize)."""
     fake = tmp_path / "cupy"

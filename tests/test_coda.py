@@ -1,7 +1,7 @@
 """CoDA quasi-attention (docs/coda.md): the fused L1 distance against its definition and its memory bound,
 Eq. 10 against a direct NumPy computation, masks that give exactly zero weight, stability at huge distances
 and with every key masked, the gate at initialisation (§3) and in the training logs, the MLU generator
-(§5) and its training recipe (minattn/recipes/coda.py). Gradients are checked in tests/test_gradcheck.py.
+(§5) and its training recipe (minattn/lab/recipes/coda.py). Gradients are checked in tests/test_gradcheck.py.
 Section numbers (§) without "paper" are those of docs/coda.md."""
 import json
 import math
@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tasks  # noqa: E402
 from minattn.data import coda as mlu_data  # noqa: E402
 import train  # noqa: E402
-from minattn import recipes  # noqa: E402
+from minattn.lab import recipes  # noqa: E402
 
 
 def _normal(*shape, seed=0, scale=1.0):

@@ -13,7 +13,7 @@ import pytest
 import tasks
 from minattn.data import compositional as retrieval  # noqa: E402
 import train
-from minattn import recipes
+from minattn.lab import recipes
 from minattn.attention.compositional import CompositionalAttention
 from minattn.attention.multihead import MultiHeadAttention
 from minattn.engine import Tensor, eval_mode, no_grad

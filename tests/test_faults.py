@@ -17,7 +17,8 @@ import pytest
 
 import tasks
 import train
-from minattn import backend, nn, rundir, viz
+from minattn import backend, nn
+from minattn.lab import rundir, viz
 
 from .test_rundir import one_line_error
 from .test_train import ROOT, TINY, ctl_generated, run  # noqa: F401 (ctl_generated: an autouse fixture)

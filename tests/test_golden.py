@@ -27,7 +27,7 @@ import pytest
 import tasks
 import train
 from minattn.engine import is_plain
-from minattn.rundir import settings
+from minattn.lab.rundir import settings
 
 GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "golden")
 UPDATE = os.environ.get("MINATTN_UPDATE_GOLDEN") == "1"

@@ -1,4 +1,4 @@
-"""`make gpu-check` (minattn.gpucheck): what can be checked without a GPU — the resume comparison on the CPU,
+"""`make gpu-check` (minattn.tools.gpucheck): what can be checked without a GPU — the resume comparison on the CPU,
 its power to find a difference, the one-line refusal without a GPU, and the Makefile wiring."""
 import os
 import subprocess
@@ -7,7 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from minattn import backend, gpucheck
+from minattn import backend
+from minattn.tools import gpucheck
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--batch-size", "16", "--eval-every", "2", "--set", "d_model=16", "--set", "d_ff=16",
@@ -51,9 +52,9 @@ def _make_n(*args):
 
 def test_make_gpu_check_with_a_given_python_builds_no_venv_and_the_venv_gets_cupy_with_ctk():
     p = _make_n("gpu-check", "PY=python3")
-    assert p.returncode == 0 and p.stdout.split() == ["python3", "-m", "minattn.gpucheck"]
+    assert p.returncode == 0 and p.stdout.split() == ["python3", "-m", "minattn.tools.gpucheck"]
     p = _make_n("gpu-check")
-    assert "install -q 'cupy-cuda12x[ctk]'" in p.stdout and "-m minattn.gpucheck" in p.stdout
+    assert "install -q 'cupy-cuda12x[ctk]'" in p.stdout and "-m minattn.tools.gpucheck" in p.stdout
     p = _make_n("venv", "DEVICE=gpu", "CUPY=cupy-cuda13x")
     assert "uninstall -q -y cupy-cuda12x" in p.stdout and "install -q 'cupy-cuda13x[ctk]'" in p.stdout
 
@@ -73,7 +74,7 @@ def test_the_torch_part_passes_as_skipped_without_torch_and_fails_on_a_mismatch(
 
 
 def test_torch_twin_refuses_an_unknown_preset_in_one_line(capsys):
-    from minattn import torch_twin
+    from minattn.tools import torch_twin
     assert torch_twin.main(["--device", "cpu", "--preset", "paper,huge"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "paper, cpu" in err and "huge" in err

@@ -11,12 +11,12 @@ import pytest
 
 import train
 from minattn.engine import eval_mode
-from minattn.recipes import RECIPES
-from minattn.settings import CONDITIONAL   # read only under another setting's value: unread with the preset
+from minattn.lab.recipes import RECIPES
+from minattn.lab.settings import CONDITIONAL   # read only under another setting's value: unread with the preset
 
 
 MODEL_CODE = tuple(os.path.join(os.path.dirname(train.__file__), "minattn", d) + os.sep
-                   for d in ("models", "attention", "recipes", "data"))
+                   for d in ("models", "attention", os.path.join("lab", "recipes"), "data"))
 
 
 def recording(cfg, read):

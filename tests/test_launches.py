@@ -1,4 +1,4 @@
-"""Launches per training step (tests/counting.py): the counting device's rules, the NDR step's budget,
+"""Launches per training step (minattn/tools/counting.py): the counting device's rules, the NDR step's budget,
 and the annex (minattn/fast/) that cuts them: flat optimizer buffer, grouped and slice gradients, shared
 layers. Every test here runs with the annex on, whatever MINATTN_PLAIN says (tests/test_plain_vs_fast.py
 compares the two paths)."""
@@ -11,8 +11,8 @@ from minattn.engine import Tensor, plain
 from minattn.models.encoder import CopyGateLayer, EncoderConfig
 from minattn.attention.geometric import GeometricAttention
 
-from . import counting
-from .counting import COUNTER, count_step
+from minattn.tools import counting
+from minattn.tools.counting import COUNTER, count_step
 
 @pytest.fixture(autouse=True)
 def _annex_on():

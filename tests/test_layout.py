@@ -28,15 +28,15 @@ def test_nothing_in_the_package_imports_the_top_level_scripts():
     assert not offenders, offenders
 
 
-TRAIN_PY_BUDGET = 550   # lines: train.py is the loop and the command line; recipes live in minattn/recipes/
+TRAIN_PY_BUDGET = 550   # lines: train.py is the loop and the command line; recipes live in minattn/lab/recipes/
 
 
 def test_train_py_stays_the_loop_and_the_command_line():
     with open(os.path.join(ROOT, "train.py")) as f:
         n = len(f.readlines())
     assert n <= TRAIN_PY_BUDGET, (f"train.py has {n} lines (budget {TRAIN_PY_BUDGET}): move what is specific to a "
-                                  "paper or task into its recipe (minattn/recipes/), run-directory code into "
-                                  "minattn/rundir.py")
+                                  "paper or task into its recipe (minattn/lab/recipes/), run-directory code into "
+                                  "minattn/lab/rundir.py")
     # train.py reaches the data through the recipes, never through the catalogue script
     assert "tasks" not in set(_imported_modules(os.path.join(ROOT, "train.py")))
 
@@ -92,7 +92,35 @@ def test_the_core_does_not_import_the_annex():
     assert not offenders, offenders
 
 
+def _absolute_imports(path):
+    """Every module a file imports, relative imports resolved (``from ..lab import viz`` in
+    minattn/attention/x.py is minattn.lab and minattn.lab.viz)."""
+    package = os.path.relpath(path, ROOT).split(os.sep)[:-1]
+    with open(path) as f:
+        tree = ast.parse(f.read(), path)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[:len(package) - node.level + 1] + [node.module or ""] if node.level
+                            else [node.module]).strip(".")
+            yield base
+            yield from (f"{base}.{a.name}" for a in node.names)
+
+
+def test_the_library_does_not_import_the_lab_or_the_tools():
+    """Two wings: a reader who came for a mechanism or for autograd never has to open a file about running
+    experiments. minattn/lab/ and minattn/tools/ import the library; nothing else in minattn/ imports them."""
+    offenders = set()
+    for path in _sources():
+        parts = os.path.relpath(path, ROOT).split(os.sep)
+        if parts[0] == "minattn" and parts[1] not in ("lab", "tools"):
+            offenders |= {f"{'/'.join(parts)} imports {m}" for m in _absolute_imports(path)
+                          if m.startswith(("minattn.lab", "minattn.tools"))}
+    assert not offenders, sorted(offenders)
+
+
 def test_rundir_does_not_import_the_recipes():
-    assert not [m for m in _imported_modules(os.path.join(ROOT, "minattn", "rundir.py")) if m and "recipes" in m]
-    with open(os.path.join(ROOT, "minattn", "rundir.py")) as f:
+    assert not [m for m in _imported_modules(os.path.join(ROOT, "minattn", "lab", "rundir.py")) if m and "recipes" in m]
+    with open(os.path.join(ROOT, "minattn", "lab", "rundir.py")) as f:
         assert "from .recipes" not in f.read()

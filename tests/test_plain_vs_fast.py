@@ -17,7 +17,7 @@ import pytest
 import train
 from minattn import backend, optim
 from minattn.engine import plain
-from minattn.recipes.base import optimizer
+from minattn.lab.recipes.base import optimizer
 
 CASES = [(recipe.tasks[0], model) for recipe in train.RECIPES for model in recipe.models]
 SETTINGS = {"mlu": {"train_size": 1000}}    # as the golden runs: a smaller training set, quicker to make

@@ -2,9 +2,9 @@
 inside a test (in a real change: the files named in the comments) and then trains through train.py's own
 loop:
 
-- a new kind of task: one recipe (one new file in minattn/recipes/) plus its row in ``RECIPES``;
+- a new kind of task: one recipe (one new file in minattn/lab/recipes/) plus its row in ``RECIPES``;
 - a new task of an existing kind: its generator (a class in minattn/data/), its import and row in ``TASKS``
-  (minattn/data/__init__.py), its name in the recipe's ``tasks`` and one preset row (minattn/recipes/): 3
+  (minattn/data/__init__.py), its name in the recipe's ``tasks`` and one preset row (minattn/lab/recipes/): 3
   files, 5 places;
 - an attention drop-in for the NDR paper's encoder: its file (minattn/attention/) plus one row in
   ``ARCHITECTURES`` and its import (minattn/models/encoder.py): 2 files, 2 places besides the new file; it
@@ -20,13 +20,14 @@ import sys
 import numpy as np
 import pytest
 
-from minattn import backend, data, nn, recipes
+from minattn import backend, data, nn
+from minattn.lab import recipes
 from minattn import functional as F
 from minattn.attention.multihead import MultiHeadAttention
 from minattn.data.classification import ClassificationTask, make_split
 from minattn.engine import eval_mode, no_grad
 from minattn.models import encoder
-from minattn.recipes import ndr
+from minattn.lab.recipes import ndr
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import train  # noqa: E402
@@ -270,8 +271,8 @@ def test_a_sort_run_saved_before_stop_on_keeps_its_rule(tmp_path, monkeypatch, c
     """Sorting runs saved before ``stop_on`` existed selected on valid_tf; the default is now train_loss, so a
     resume of such a run must keep valid_tf (not switch rules half-way)."""
     from minattn.data import SortTask
-    from minattn.rundir import load_checkpoint
-    from minattn.settings import resume_settings
+    from minattn.lab.rundir import load_checkpoint
+    from minattn.lab.settings import resume_settings
     monkeypatch.setattr(recipes.abstractor.Sort, "make_task", lambda self: SortTask(n_sequences=400))
     old = str(tmp_path / "old")
     assert train.main(["--task", "sort", "--model", "abstractor", "--train-size", "64", "--set", "d_model=8",

@@ -12,8 +12,8 @@ import pytest
 
 import tasks
 import train
-from minattn import viz
-from minattn.recipes.base import example_name, sample_name
+from minattn.lab import viz
+from minattn.lab.recipes.base import example_name, sample_name
 
 from .test_train import ROOT, TINY, ctl_generated, run  # noqa: F401 (ctl_generated: an autouse fixture)
 

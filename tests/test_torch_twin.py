@@ -1,4 +1,4 @@
-"""minattn.torch_twin (the NDR classifier in PyTorch, for timing) computes what minattn's does: same logits
+"""minattn.tools.torch_twin (the NDR classifier in PyTorch, for timing) computes what minattn's does: same logits
 and same gradients from the same weights. torch is not a dependency: this runs where torch is installed
 (the GPU machines), and is skipped elsewhere."""
 import numpy as np
@@ -8,7 +8,7 @@ from minattn import functional as F
 from minattn.models.encoder import Classifier, EncoderConfig
 
 torch = pytest.importorskip("torch")
-from minattn.torch_twin import build_twin  # noqa: E402
+from minattn.tools.torch_twin import build_twin  # noqa: E402
 
 
 def test_twin_matches_minattn_ndr():

@@ -1,4 +1,4 @@
-"""Pictures (minattn/viz.py and train.py --plot): what the collectors take from each model, the terminal
+"""Pictures (minattn/lab/viz.py and train.py --plot): what the collectors take from each model, the terminal
 renderer's exact output, PNGs of the expected size (skipped without matplotlib), the text fallback when
 matplotlib is missing, and the command's errors. Every model here is tiny: the file runs in seconds."""
 import os
@@ -8,7 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from minattn import backend, viz
+from minattn import backend
+from minattn.lab import viz
 from minattn.models import abstractor, compositional, seq2attn
 from minattn.models.encoder import Classifier, EncoderConfig
 from minattn.models.seq2seq import CoDASeq2SeqTransformer, EncoderDecoderConfig
@@ -16,8 +17,8 @@ from minattn.models.seq2seq import CoDASeq2SeqTransformer, EncoderDecoderConfig
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tasks  # noqa: E402
 import train  # noqa: E402
-from minattn import recipes  # noqa: E402
-from minattn.recipes.base import example_name  # noqa: E402
+from minattn.lab import recipes  # noqa: E402
+from minattn.lab.recipes.base import example_name  # noqa: E402
 
 TOKENS = ["<sos>", "a", "b", "c", "<eos>"]
 OUT_VOCAB = ["<unk>", "<pad>", "<sos>", "<eos>", "A", "B", "C"]

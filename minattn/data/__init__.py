@@ -12,7 +12,7 @@ Every task is generated in code from a seed (no downloads) and holds fixed data:
 
 Training batches come in one shape: ``batches(batch_size, rng, ...)``, an endless generator of host batches
 that is a pure function of ``rng``, on what holds the training data. On top of that, each kind of task carries
-what its models read; the recipes (minattn/recipes/) use these directly:
+what its models read; the recipes (minattn/lab/recipes/) use these directly:
 
     kind (module)                         tasks                     a split holds             batches from
     token classification (ndr, listops)   ctl, ctl-backward,        inputs (Ragged), labels,  split.batches(B, rng, mode)

@@ -214,7 +214,7 @@ class ArithTask(ClassificationTask):
 
     Readout: NDR and "+ abs/rel + gate" read EOS; the official code's "Transformer" and "+ rel"
     arithmetic baselines read SOS instead (docs/ndr.md §1) -- the preset chooses per model
-    (``readout`` in minattn/recipes/ndr.py).
+    (``readout`` in minattn/lab/recipes/ndr.py).
     """
     name = "arith"
     DIGITS = [str(i) for i in range(10)]

@@ -13,7 +13,7 @@ The core (engine, ops, nn, optim) is the textbook algorithm. Where it offers a s
 The fused ops (softmax, log_softmax, cross-entropy, layer norm, geometric attention) live in the core
 beside their composed forms (``if not is_plain(): fused, else: composed``, as nanoGPT's ``if self.flash``).
 
-Launches are the counting device's estimate of what CuPy would launch (tests/counting.py): no trick
+Launches are the counting device's estimate of what CuPy would launch (minattn/tools/counting.py): no trick
 here has been timed on a GPU yet (``make gpu-check``, with and without MINATTN_PLAIN=1, would).
 
 ``MINATTN_PLAIN=1`` in the environment (or ``engine.plain()`` in code) switches all of it off: plain

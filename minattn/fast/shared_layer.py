@@ -10,7 +10,7 @@ made belongs to this pass's graph, and the cache is dropped at the end of the bl
 changed in place (an optimizer step, a gradient check) is always seen.
 
 Measured with ``make bench`` (NDR on CTL, cpu preset, one run with and without): launches per step
-(tests/counting.py) 1,755 with, 1,807 without. CPU time per step (median of 5 runs alternating with the
+(minattn/tools/counting.py) 1,755 with, 1,807 without. CPU time per step (median of 5 runs alternating with the
 others on this shared 2-core machine, where runs vary by ~2%): 249.9 ms with, 259.4 ms without (+3.8%).
 """
 import contextlib

@@ -9,7 +9,7 @@ concatenate or stack) when the slices tile an axis, else one zeros array written
 This saves passes over memory on NumPy too.
 
 Measured with ``make bench`` (NDR on CTL, cpu preset, one run with and without): launches per step
-(tests/counting.py) 1,755 with, 1,965 without. CPU time per step (median of 5 runs alternating with the
+(minattn/tools/counting.py) 1,755 with, 1,965 without. CPU time per step (median of 5 runs alternating with the
 others on this shared 2-core machine, where runs vary by ~2%): 249.9 ms with, 250.6 ms without: no
 measurable gain on NumPy, kept for its launches.
 """

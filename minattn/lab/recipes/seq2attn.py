@@ -7,10 +7,12 @@ import functools
 
 import numpy as np
 
-from .. import backend, viz
-from ..data import SCAN_SPLITS, get_task, scan_split
-from ..engine import Tensor, eval_mode, no_grad
-from ..models import seq2attn
+from minattn import backend
+from minattn.data import SCAN_SPLITS, get_task, scan_split
+from minattn.engine import Tensor, eval_mode, no_grad
+from minattn.models import seq2attn
+
+from .. import viz
 from .base import Recipe, Selection, example_name, fraction, parse_tokens, plot_sample, sample_name
 
 

@@ -1,17 +1,82 @@
 """A run's settings by name: what ``--set`` may change in a run of a task and model (the fields of the run's
 config, of the task options and of the model's own, typed by its recipe), and a checkpoint's configuration in
 any layout checked against them before a ``--resume`` or ``--evaluate`` uses it. The run directory's files are
-minattn/rundir.py's; this is where the recipes are asked what a setting is.
+minattn/lab/rundir.py's; this is where the recipes are asked what a setting is.
 """
+import contextlib
+import dataclasses
 import json
 import os
 
-from . import backend
+from minattn import backend
+
 from .errors import UsageError
-from .recipes import recipe_for
+from .recipes import RECIPES, recipe_for
 from .recipes.base import field_types, fields
 from .rundir import CHECKPOINT, Corrupted, _int, _number, check_resumable, identity, load_checkpoint, settings
 
+
+# --- configuration: a recipe's preset, then the command line's overrides ----------------------------------
+
+@contextlib.contextmanager
+def user_values():
+    """Bad user values, found where they are used (a recipe's hooks, the models, the data), raise ValueError:
+    here, and only here, that becomes a UsageError, one line for the user."""
+    try:
+        yield
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+TASK_FLAGS = ("split", "train_size", "searches", "retrievals", "ood")   # task options with a flag of their own
+
+
+def make_config(task, model, preset="cpu", **overrides):
+    """The full configuration of a run: the preset for (task, model), then explicit overrides (settings of
+    the run, the task options or the model, by name; None means "keep the preset's"). The task options are
+    given to the preset, which may count in them (e.g. SCAN's steps in epochs of its split)."""
+    recipe = recipe_for(task)
+    if model not in recipe.models:
+        raise UsageError(f"unknown model {model!r} for task {task}; valid models: {', '.join(recipe.models)}")
+    if preset not in ("cpu", "paper"):
+        raise UsageError(f"unknown preset {preset!r}; valid presets: cpu, paper")
+    fields = field_types(recipe, model)
+    unknown = sorted(k for k, v in overrides.items() if v is not None and k not in fields)
+    flags = [k for k in unknown if k in TASK_FLAGS]   # a task option given as its flag to a task without it
+    if flags:
+        having = [t for r in RECIPES for t in r.tasks if flags[0] in field_types(r, next(iter(r.models)))]
+        raise UsageError(f"task {task} has no --{flags[0].replace('_', '-')} (the tasks with one: {', '.join(having)})")
+    if unknown:
+        raise UsageError(f"unknown setting {unknown[0]!r}; valid: "   # task, model, preset: flags, not settings
+                         f"{', '.join(sorted(k for k in fields if k not in ('task', 'model', 'preset')))}")
+    option_names = {f.name for f in dataclasses.fields(recipe.Options)} if recipe.Options else set()
+    with user_values():
+        cfg = recipe.config(task, model, preset, **{k: v for k, v in overrides.items()
+                                                    if k in option_names and v is not None})
+    model_fields = {f.name for f in dataclasses.fields(cfg.model_config)}
+    for key, value in overrides.items():
+        if value is None or key in option_names:
+            continue
+        if key in model_fields:
+            cfg.model_config = dataclasses.replace(cfg.model_config, **{key: value})
+        else:
+            setattr(cfg, key, value)
+    for key in ("steps", "batch_size", "lr", "eval_every", "eval_batch_size"):   # a count or a rate: > 0
+        value = getattr(cfg, key)
+        if value is not None and not value > 0:                                  # None: counted in epochs
+            raise UsageError(f"{key} must be positive, got {value}")
+    if cfg.seed < 0:
+        raise UsageError(f"--seed must be ≥ 0, got {cfg.seed}")
+    if max(cfg.batch_size or 0, cfg.eval_batch_size) > 2 ** 20:   # refused before gigabytes are allocated
+        raise UsageError(f"batch sizes above {2 ** 20:,} are refused (the presets' largest is 2,048)")
+    for key in ("weight_decay", "grad_clip"):                                    # 0 switches them off
+        value = getattr(cfg, key)
+        if value < 0:
+            raise UsageError(f"{key} must be ≥ 0, got {value}")
+    return cfg
+
+
+# --- settings by name ------------------------------------------------------------------------------------
 
 def setting_types(task, model=None):
     """{setting: int, float, bool or str}: what --set may change in a run of ``task`` with ``model`` (when known):

@@ -6,11 +6,13 @@ import dataclasses
 
 import numpy as np
 
-from .. import backend, viz
-from .. import functional as F
-from ..data import RetrievalTask
-from ..engine import eval_mode, no_grad
-from ..models import compositional
+from minattn import backend
+from minattn import functional as F
+from minattn.data import RetrievalTask
+from minattn.engine import eval_mode, no_grad
+from minattn.models import compositional
+
+from .. import viz
 from .base import Recipe, Selection, fraction
 
 

@@ -1,15 +1,15 @@
-"""One command for a GPU machine: ``python -m minattn.gpucheck`` (``make gpu-check``).
+"""One command for a GPU machine: ``python -m minattn.tools.gpucheck`` (``make gpu-check``).
 
 It runs, printing their output as they go, and then one summary line for each:
 
 1. ``tests``:  the GPU test cases (``pytest -m gpu`` with MINATTN_REQUIRE_GPU=1, so a skip is a failure);
-2. ``bench``:  ``python -m minattn.bench --device gpu``;
+2. ``bench``:  ``python -m minattn.tools.bench --device gpu``;
 3. ``resume``: NDR on CTL at the paper preset for 200 steps, and the same run stopped after 100 steps and
    resumed to 200: every array of the two final checkpoints (parameters, optimizer state) and the
    final metrics must be bit-identical. Float atomics or a device RNG that does not replay would show
    here first;
 4. ``torch``:  where PyTorch is installed, NDR's training step at the paper's CTL shape against the same
-   model in PyTorch eager on the same device (``python -m minattn.torch_twin``), after
+   model in PyTorch eager on the same device (``python -m minattn.tools.torch_twin``), after
    ``tests/test_torch_twin.py`` has checked that the two compute the same logits and gradients. Without
    torch it passes as "skipped" (torch is no dependency of minattn).
 
@@ -28,9 +28,9 @@ import time
 
 import numpy as np
 
-from . import backend
+from minattn import backend
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PARTS = ("tests", "bench", "resume", "torch")
 
 
@@ -53,7 +53,7 @@ def check_tests(device, _):
 
 
 def check_bench(device, _):
-    code, lines = _run([sys.executable, "-m", "minattn.bench", "--device", device])
+    code, lines = _run([sys.executable, "-m", "minattn.tools.bench", "--device", device])
     ndr = [ln.strip() for ln in lines if ln.strip().startswith("train")][:1]
     return code == 0, ("NDR " + ndr[0] if ndr else f"exit status {code}")
 
@@ -108,7 +108,7 @@ def check_torch(device, opts):
     code, lines = _run([sys.executable, "-m", "pytest", "-q", "tests/test_torch_twin.py"])
     if code != 0:
         return False, "the torch twin does not match minattn: " + (lines[-1] if lines else "")
-    code, lines = _run([sys.executable, "-m", "minattn.torch_twin", "--device", device, "--preset", "paper"])
+    code, lines = _run([sys.executable, "-m", "minattn.tools.torch_twin", "--device", device, "--preset", "paper"])
     timing = [ln.strip() for ln in lines if "minattn/torch" in ln][:1]
     return code == 0 and bool(timing), (timing[0] if timing else f"exit status {code}")
 

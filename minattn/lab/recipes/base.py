@@ -2,7 +2,7 @@
 
 A recipe is one paper's way to train: its presets, how it builds its model, draws batches, computes the
 loss, evaluates and selects, and draws pictures. train.py runs the same loop for all of them;
-``minattn/recipes/__init__.py`` lists them in one table (``RECIPES``). A recipe is a subclass of ``Recipe``
+``minattn/lab/recipes/__init__.py`` lists them in one table (``RECIPES``). A recipe is a subclass of ``Recipe``
 with these tables and hooks:
 
     tasks, models                  the --task and --model names it trains (models: a registry of named rows)
@@ -38,7 +38,8 @@ import zlib
 
 import numpy as np
 
-from .. import backend, optim
+from minattn import backend, optim
+
 from ..errors import UsageError  # noqa: F401  (re-exported: recipes raise it)
 
 

@@ -5,12 +5,14 @@ import dataclasses
 
 import numpy as np
 
-from .. import backend, viz
-from .. import functional as F
-from ..attention import coda
-from ..data import MLUTask
-from ..engine import eval_mode, no_grad
-from ..models import seq2seq
+from minattn import backend
+from minattn import functional as F
+from minattn.attention import coda
+from minattn.data import MLUTask
+from minattn.engine import eval_mode, no_grad
+from minattn.models import seq2seq
+
+from .. import viz
 from .base import Recipe, Selection, WarmupSchedule, example_name, fraction, parse_tokens, plot_sample, sample_name
 
 

@@ -1,6 +1,6 @@
 """The NDR classifier written again in PyTorch eager, to time minattn against it on the same GPU.
 
-    python -m minattn.torch_twin [--device gpu|cpu] [--preset paper|cpu] [--repeat N]
+    python -m minattn.tools.torch_twin [--device gpu|cpu] [--preset paper|cpu] [--repeat N]
 
 torch is not a dependency of minattn: this module is only run where torch is installed (the GPU machines
 have it). ``TorchNDR`` computes what ``minattn.models.encoder.Classifier("ndr", ...)`` computes, op for op
@@ -15,12 +15,13 @@ import sys
 
 import numpy as np
 
-from . import backend, optim
-from . import functional as F
-from .attention.geometric import constants
+from minattn import backend, optim
+from minattn import functional as F
+from minattn.attention.geometric import constants
+from minattn.lab.recipes import recipe_for
+from minattn.models.encoder import Classifier
+
 from .bench import timeit, train_step
-from .models.encoder import Classifier
-from .recipes import recipe_for
 
 # one training step of NDR on CTL at a preset of its recipe (model, batch, lr, weight decay, clipping as the
 # runs have them); T = 7: CTL's training sequences are 4–8 tokens with SOS and EOS, bucketed.
@@ -31,7 +32,7 @@ def _torch():
     try:
         import torch
     except ImportError:
-        raise SystemExit("error: minattn.torch_twin needs PyTorch (pip install torch); minattn itself does not")
+        raise SystemExit("error: minattn.tools.torch_twin needs PyTorch (pip install torch); minattn itself does not")
     return torch
 
 

@@ -15,7 +15,7 @@ picks one by whether matplotlib is installed.
     pictures = viz.encoder_pictures(model, ids, lengths, tokens, "ctl / ndr: 101 d a b")
     viz.write_pictures(pictures, "runs/ctl-ndr-cpu-s0/plots")   # PNGs, or text without matplotlib
 
-``train.py --plot`` does this for a checkpoint, through each recipe's ``plot_examples`` (minattn/recipes/,
+``train.py --plot`` does this for a checkpoint, through each recipe's ``plot_examples`` (minattn/lab/recipes/,
 the only part of the library that imports this file). matplotlib is imported only inside the PNG renderer, so it stays an optional extra (``pip install -e .[plot]``).
 Collectors move data to the host explicitly, with one ``backend.to_numpy`` per picture (plus one for a
 prediction shown in a title), so they run unchanged on a GPU.
@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import backend
-from .attention.coda import CoDAttention
-from .attention.compositional import CompositionalAttention
-from .engine import Tensor, eval_mode, no_grad
-from .models import compositional as compositional_models
+from minattn import backend
+from minattn.attention.coda import CoDAttention
+from minattn.attention.compositional import CompositionalAttention
+from minattn.engine import Tensor, eval_mode, no_grad
+from minattn.models import compositional as compositional_models
 
 DPI = 100
 CELL = 0.25          # inches per heatmap cell (half that for maps over 32 tokens)

@@ -6,11 +6,13 @@ import dataclasses
 
 import numpy as np
 
-from .. import backend, viz
-from .. import functional as F
-from ..data import PairwiseOrderTask, SetTask, SortTask, is_set
-from ..engine import eval_mode, no_grad
-from ..models import abstractor
+from minattn import backend
+from minattn import functional as F
+from minattn.data import PairwiseOrderTask, SetTask, SortTask, is_set
+from minattn.engine import eval_mode, no_grad
+from minattn.models import abstractor
+
+from .. import viz
 from .base import EpochSchedule, Recipe, Selection, example_name, fraction, plot_sample, sample_name
 
 

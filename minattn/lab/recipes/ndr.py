@@ -4,12 +4,14 @@ arithmetic and ListOps with NDR and its baselines, plus the attention drop-ins c
 """
 import numpy as np
 
-from .. import backend, viz
-from .. import functional as F
-from ..attention import coda
-from ..data import collate, eval_batches, get_task
-from ..engine import eval_mode, no_grad
-from ..models.encoder import ARCHITECTURES, Classifier
+from minattn import backend
+from minattn import functional as F
+from minattn.attention import coda
+from minattn.data import collate, eval_batches, get_task
+from minattn.engine import eval_mode, no_grad
+from minattn.models.encoder import ARCHITECTURES, Classifier
+
+from .. import viz
 from .base import Recipe, Selection, example_name, fraction, parse_tokens, plot_sample, sample_name
 
 # --- "paper": the official sweeps (§8), which the paper's Tables 4–6 repeat -------------------------------

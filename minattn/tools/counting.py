@@ -17,7 +17,7 @@ does) and tallies, per phase of a training step (``with phase("backward"): ...``
 
 It is an estimate, not CuPy: cuBLAS may add a copy for a batched matmul on non-contiguous operands,
 and a CuPy cumsum or concatenate of many arrays can be 2–3 kernels. Mixing device data with a host
-NumPy array raises, as on the strict device. ``python -m tests.counting`` prints launches per training
+NumPy array raises, as on the strict device. ``python -m minattn.tools.counting`` prints launches per training
 step of each model family (``make bench`` runs it).
 """
 import collections
@@ -30,7 +30,44 @@ import numpy as np
 
 from minattn import backend
 
-from .strict import add_operators
+
+def _inplace(name):
+    def iop(self, other):  # returns the array itself, as NumPy and CuPy do (``a -= b`` keeps ``a``)
+        getattr(np, name)(self, other, out=(self,))
+        return self
+    return iop
+
+
+def _binop(name):
+    ufunc = getattr(np, name)
+
+    def op(self, other):
+        if getattr(other, "__array_ufunc__", False) is None:
+            return NotImplemented  # let e.g. Tensor.__rmul__ handle it, as NumPy and CuPy do
+        return ufunc(self, other)
+
+    def rop(self, other):
+        return ufunc(other, self)
+    return op, rop
+
+
+def add_operators(cls):
+    """Give a wrapper class with ``__array_ufunc__`` Python's operators, each one NumPy ufunc call (so
+    the wrapper sees it). Shared with the strict test device (tests/strict.py)."""
+    for op, uf in [("add", "add"), ("sub", "subtract"), ("mul", "multiply"), ("truediv", "true_divide"),
+                   ("matmul", "matmul"), ("pow", "power"), ("mod", "remainder"), ("and", "logical_and"),
+                   ("or", "logical_or")]:
+        f, rf = _binop(uf)
+        setattr(cls, f"__{op}__", f)
+        setattr(cls, f"__r{op}__", rf)
+        setattr(cls, f"__i{op}__", _inplace(uf))
+    for op, uf in [("lt", "less"), ("le", "less_equal"), ("gt", "greater"), ("ge", "greater_equal"),
+                   ("eq", "equal"), ("ne", "not_equal")]:
+        setattr(cls, f"__{op}__", lambda self, other, _uf=uf: getattr(np, _uf)(self, other))
+    cls.__neg__ = lambda self: np.negative(self)
+    cls.__abs__ = lambda self: np.abs(self)
+    cls.__invert__ = lambda self: np.invert(self)
+    cls.__hash__ = None
 
 
 class HostConversionError(TypeError):
@@ -63,7 +100,7 @@ class Counter:
 
 COUNTER = Counter()
 _HERE = os.path.abspath(__file__)
-_SKIP = {_HERE, os.path.join(os.path.dirname(_HERE), "strict.py")}   # add_operators wraps operators there
+_SKIP = {_HERE}   # add_operators (below) wraps operators here
 
 
 def _site():
@@ -294,14 +331,15 @@ def _up(a):
 def ndr_ctl_step(model_name="ndr"):
     """(model, loss_fn, opt, clip, rng) for one CTL training step at train.py's cpu preset: its config,
     model builder, optimizer and first training batch (the launch count does not depend on its size)."""
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    import train
-    cfg = train.make_config("ctl", model_name, "cpu")
-    recipe = train.recipe_for("ctl")(cfg)
+    from minattn.lab.recipes import recipe_for
+    from minattn.lab.recipes.base import optimizer
+    from minattn.lab.settings import make_config
+    cfg = make_config("ctl", model_name, "cpu")
+    recipe = recipe_for("ctl")(cfg)
     recipe.load_task()
     model = recipe.build_model().to(DEVICE)
     x, lengths, y = (_up(a) for a in next(recipe.batches(np.random.default_rng([cfg.seed, 1]))))
-    opt = train.optimizer(cfg, model.parameters())
+    opt = optimizer(cfg, model.parameters())
     from minattn import functional as F
     return model, lambda: F.cross_entropy(model(x, lengths), y), opt, cfg.grad_clip, backend.RNG(0, DEVICE)
 
@@ -351,7 +389,7 @@ def families():
 
 def table(only=None):
     """Rows of launches per training step by phase, and syncs, for each family."""
-    print("launches per training step on the counting device (tests/counting.py; ~10–15 µs each on a GPU)")
+    print("launches per training step on the counting device (minattn/tools/counting.py; ~10–15 µs each on a GPU)")
     print(f"        {'model':32s} {'forward':>8s} {'backward':>9s} {'clipping':>9s} {'optimizer':>10s} "
           f"{'total':>7s} {'syncs':>6s}")
     for label, build in families():

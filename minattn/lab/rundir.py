@@ -1,8 +1,8 @@
 """The run directory: one writer at a time, files replaced atomically, checkpoints as .npz + JSON (never a
 pickle; the format is docs/checkpoints.md), the metrics log kept in step with the checkpoint, and a run's
 configuration as settings by name (``settings``, any layout). What ``--set`` may change and the checks of a
-checkpoint's configuration against its recipe are minattn/settings.py; the report of finished runs
-(``train.py --report``) is minattn/report.py. Neither this file nor those two read anything else of a run.
+checkpoint's configuration against its recipe are minattn/lab/settings.py; the report of finished runs
+(``train.py --report``) is minattn/lab/report.py. Neither this file nor those two read anything else of a run.
 
 A run directory holds: lock (its writer's pid), checkpoint.npz, metrics.jsonl (one line per evaluation,
 appended) and, at the end, results.json. Every file but the log is replaced whole, atomically.
@@ -27,7 +27,8 @@ import zipfile
 
 import numpy as np
 
-from . import backend
+from minattn import backend
+
 from .errors import UsageError
 
 CHECKPOINT_VERSION = 2   # 1: checkpoint.pkl (pickle), read only by --convert

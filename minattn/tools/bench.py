@@ -1,6 +1,6 @@
 """``make bench``: speed of the engine and of the models, printed as a table (never asserted).
 
-    python -m minattn.bench [--device cpu|gpu] [--only engine,mlp,...] [--repeat N]
+    python -m minattn.tools.bench [--device cpu|gpu] [--only engine,mlp,...] [--repeat N]
 
 Each section reports the median of ``--repeat`` timings. Ratios are only meaningful within one run:
 the machines here are shared and noisy, so every section that compares against a "physical" limit
@@ -14,10 +14,10 @@ import time
 
 import numpy as np
 
-from . import backend, optim
-from . import functional as F
-from . import nn
-from .engine import Tensor
+from minattn import backend, optim
+from minattn import functional as F
+from minattn import nn
+from minattn.engine import Tensor
 
 
 def _sync(xp):
@@ -131,9 +131,9 @@ def encoder_flops(B, T, cfg, gated):
 
 def bench_ndr(device, repeat):
     """NDR on CTL at the cpu preset: a training step on a batch of CTL-sized sequences, and evaluation."""
-    from .engine import eval_mode, no_grad
-    from .models.encoder import Classifier
-    from .recipes import recipe_for
+    from minattn.engine import eval_mode, no_grad
+    from minattn.models.encoder import Classifier
+    from minattn.lab.recipes import recipe_for
     xp = backend.get_xp(device)
     run = recipe_for("ctl").config("ctl", "ndr", "cpu")
     cfg = run.model_config
@@ -164,7 +164,7 @@ def bench_ndr(device, repeat):
 def bench_crt(device, repeat):
     """A Contextual Retrieval Task training step (docs/compositional.md §9: batch 256 × 10 objects, D = 64,
     2 searches, 4 retrievals) for the multi-head and the compositional model; data generation excluded."""
-    from .models.compositional import CRTConfig, CRTModel
+    from minattn.models.compositional import CRTConfig, CRTModel
     xp = backend.get_xp(device)
     B, N, S, R = 256, 10, 2, 4
     rng = np.random.default_rng(0)
@@ -184,7 +184,7 @@ def bench_seq2attn(device, repeat):
     """seq2attn on lookup tables (docs/seq2attn.md §2.5: E = H = 256, Adam, clip 5, teacher forcing 0.5) on
     binary compositions (4 input and 4 output steps): ms per training sequence at batch 1 (the paper's)
     and 64. At batch 1 the AdamW update of all 1.5M parameters is a large share, so it is shown apart."""
-    from .models.seq2attn import Seq2Attn, model_config
+    from minattn.models.seq2attn import Seq2Attn, model_config
     xp = backend.get_xp(device)
     model = Seq2Attn(model_config("seq2attn"), 19, 12, sos_id=2).to(device)
     opt = optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
@@ -205,10 +205,10 @@ def bench_abstractor(device, repeat):
     """One object-sorting training step (docs/abstractor.md §6.1: batch 512 × 10 objects, d = 64, 2 heads
     each 64 wide, Adam) for the Abstractor and the Transformer. MFU counts the matmuls: every attention
     (self, cross, RCA) maps 10 positions to 10, so each costs the same."""
-    from .attention.multihead import MultiHeadAttention
-    from .attention.relational import RelationalCrossAttention
-    from .models.abstractor import AbstractorConfig, build_seq2seq
-    from .models.seq2seq import FeedForwardBlock
+    from minattn.attention.multihead import MultiHeadAttention
+    from minattn.attention.relational import RelationalCrossAttention
+    from minattn.models.abstractor import AbstractorConfig, build_seq2seq
+    from minattn.models.seq2seq import FeedForwardBlock
     xp = backend.get_xp(device)
     B, T, d_in, n_classes = 512, 10, 12, 10
     rng = np.random.default_rng(0)
@@ -261,9 +261,9 @@ def bench_coda(device, repeat):
     steps; batch 128 at two lengths) and of the MLU encoder–decoder (cpu preset: 2+2 layers, d 128, 4 heads
     of 32, batch 128, inputs of 16 characters, targets of 8), with the peak memory of a step. Then the L1
     distance alone, fused vs its composite, at the MLU encoder's size. Target: CoDA ≤ 2× softmax."""
-    from .attention.coda import l1_distance, l1_distance_reference
-    from .models.encoder import Classifier, EncoderConfig
-    from .models.seq2seq import CoDASeq2SeqTransformer, EncoderDecoderConfig, Seq2SeqTransformer
+    from minattn.attention.coda import l1_distance, l1_distance_reference
+    from minattn.models.encoder import Classifier, EncoderConfig
+    from minattn.models.seq2seq import CoDASeq2SeqTransformer, EncoderDecoderConfig, Seq2SeqTransformer
     xp = backend.get_xp(device)
     rng = np.random.default_rng(0)
 
