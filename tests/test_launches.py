@@ -43,6 +43,12 @@ def test_counting_rules_follow_cupy():
     assert _counted(lambda: (float(x[0, 0]), x.sum().item(), backend.to_numpy(x)))[1] == 3
     idx = backend.to_device(np.array([0, 2]), "counting")
     assert _counted(lambda: x[idx]) == (1, 0)                                  # a gather kernel
+    assert _counted(lambda: x.take(idx, axis=1)) == (1, 0)
+    assert _counted(lambda: x[idx, idx]) == (4, 0)                             # fill, 2 index folds, take
+    b = backend.to_device(np.ones((2, 3, 4)), "counting")
+    # cuBLAS via CuPy: a batched operand must be C-contiguous, a 2-D one C- or F-contiguous, else a copy
+    assert _counted(lambda: (b @ b.swapaxes(-1, -2), x.T @ x, x[:, :2] @ x[:2])) == (5, 0)
+    assert _counted(lambda: b.swapaxes(-1, -2) @ b[:, :, :3].swapaxes(-1, -2)) == (3, 0)
     assert _counted(lambda: x[x > 3]) == (2, 1)                                # size known only on the host
 
 

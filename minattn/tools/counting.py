@@ -5,9 +5,16 @@ step time is its number of launches. ``CountingArray`` wraps a NumPy array (as `
 does) and tallies, per phase of a training step (``with phase("backward"): ...``), what CuPy would do:
 
 * one **launch** for each ufunc call (elementwise op, in-place op, ``ufunc.at``), reduction, matmul,
-  array function (where, concatenate, cumsum, clip, ...), copy, ``astype`` to another dtype, advanced
-  indexing, ``__setitem__``, array creation that fills memory (zeros, ones, arange, eye, ...), random
-  draw, and upload of host data (``xp.asarray(numpy_array)``);
+  array function (where, concatenate, cumsum, clip, take, ...), copy, ``astype`` to another dtype,
+  ``__setitem__``, array creation that fills memory (zeros, ones, arange, eye, ...), random draw, and
+  upload of host data (``xp.asarray(numpy_array)``);
+* advanced indexing as CuPy serves it (cupy/_core/_routines_indexing.pyx): one integer array is one
+  ``take``; n integer arrays (``x[..., rows, perm]``) are 2 + n launches (fill the flat index, fold in
+  each array, then the take);
+* one more launch (a copy) for each matmul operand cuBLAS cannot read in place, by CuPy's rules
+  (cupy/_core/_routines_linalg.pyx): a batched product (an operand of 3 or more dimensions) copies each
+  operand that is not C-contiguous, transposed views included; a 2-D product (``dot``) each operand that
+  is neither C- nor F-contiguous (a column slice);
 * nothing for what CuPy does without a kernel: views (reshape of a contiguous array, transpose,
   swapaxes, basic slicing, broadcast_to, split, flip, expand_dims), ``empty``, shapes and dtypes;
   a reshape or ravel that has to copy counts 1;
@@ -15,10 +22,10 @@ does) and tallies, per phase of a training step (``with phase("backward"): ...``
   ``.tolist()``, ``numpy.asarray()``, ``.get()``, and boolean-mask indexing (CuPy must learn the
   result's size on the host).
 
-It is an estimate, not CuPy: cuBLAS may add a copy for a batched matmul on non-contiguous operands,
-and a CuPy cumsum or concatenate of many arrays can be 2–3 kernels. Mixing device data with a host
-NumPy array raises, as on the strict device. ``python -m minattn.tools.counting`` prints launches per training
-step of each model family (``make bench`` runs it).
+It is an estimate, not CuPy: a CuPy cumsum or concatenate of many arrays can be 2–3 kernels. Mixing
+device data with a host NumPy array raises, as on the strict device. ``python -m minattn.tools.counting``
+prints launches per training step of each model family, and the autograd nodes its forward records
+(``make bench`` runs it).
 """
 import collections
 import contextlib
@@ -83,6 +90,7 @@ class Counter:
 
     def reset(self):
         self.phase = "other"
+        self.nodes = collections.Counter()   # count_step: the autograd nodes of the forward, by op
         self.launches = collections.Counter()
         self.syncs = collections.Counter()
         self.sites = collections.Counter()
@@ -154,9 +162,21 @@ _VIEWS = {"reshape", "ravel", "transpose", "swapaxes", "moveaxis", "squeeze", "e
 _FREE = {"shape", "ndim", "result_type", "may_share_memory", "shares_memory", "broadcast_shapes"}
 
 
+def _operand_copies(a, b):
+    """The copies CuPy makes before a cuBLAS product of a and b (see the module docstring)."""
+    ab = [x._a if isinstance(x, CountingArray) else x for x in (a, b)]
+    if max(x.ndim for x in ab) > 2:
+        return sum(not x.flags.c_contiguous for x in ab)
+    return sum(not (x.flags.c_contiguous or x.flags.f_contiguous) for x in ab)
+
+
 def _count_call(name, args, r):
     if name in _FREE:
         return
+    if name == "dot" and len(args) == 2:
+        copies = _operand_copies(*args)
+        if copies:
+            COUNTER.launch(copies, "matmul operand copy")
     if name in _VIEWS:
         srcs = [a._a for a in args if isinstance(a, CountingArray)]
         outs = r if isinstance(r, (list, tuple)) else [r]
@@ -201,6 +221,10 @@ class CountingArray:
         if "out" in kwargs:
             kwargs["out"] = tuple(_unwrap(o) for o in kwargs["out"])
         COUNTER.launch(1, ufunc.__name__ + ("" if method == "__call__" else "." + method))
+        if ufunc is np.matmul and method == "__call__":
+            copies = _operand_copies(*inputs)
+            if copies:
+                COUNTER.launch(copies, "matmul operand copy")
         r = getattr(ufunc, method)(*_unwrap(inputs), **kwargs)
         return None if method == "at" else _wrap(r)
 
@@ -221,7 +245,7 @@ class CountingArray:
             if name == "astype" and r is self._a:
                 pass                      # same dtype, copy=False: CuPy returns the array itself
             else:
-                _count_call(name, (self,), r)
+                _count_call(name, (self,) + a, r)
             return _wrap(r)
         return method
 
@@ -231,8 +255,12 @@ class CountingArray:
         if any(isinstance(i, np.ndarray) and i.dtype == bool for i in parts):
             COUNTER.sync("boolean-mask indexing")
             COUNTER.launch(1, "getitem[bool]")
-        elif any(isinstance(i, (np.ndarray, list)) for i in parts):
-            COUNTER.launch(1, "getitem[int array]")
+        else:
+            arrays = sum(isinstance(i, (np.ndarray, list)) for i in parts)
+            if arrays == 1:
+                COUNTER.launch(1, "getitem[int array]")
+            elif arrays:
+                COUNTER.launch(2 + arrays, f"getitem[{arrays} int arrays]")
         return _wrap(self._a[idx])
 
     def __setitem__(self, index, value):
@@ -301,15 +329,18 @@ PHASES = ("forward", "backward", "clipping", "optimizer")
 
 def count_step(model, loss_fn, opt, clip=None, rng=None, steps=2):
     """Run ``steps`` training steps on the counting device as train.py does (set_rng → loss → backward →
-    clip → step) and return the counts of the last one: ({phase: launches}, {phase: syncs}). The first
-    step is a warm-up (optimizer state and per-shape caches are made once per run, not per step)."""
+    clip → step) and return the counts of the last one: ({phase: launches}, {phase: syncs}); its forward's
+    autograd nodes by op are left in ``COUNTER.nodes``. The first step is a warm-up (optimizer state and
+    per-shape caches are made once per run, not per step)."""
     from minattn import optim
+    from minattn.engine import topological_order
     for _ in range(steps):
         COUNTER.reset()
         with phase("forward"):
             if rng is not None:
                 model.set_rng(rng)
             loss = loss_fn()
+        COUNTER.nodes.update(type(t.creator).__name__ for t in topological_order(loss) if t.creator is not None)
         with phase("backward"):
             opt.zero_grad()
             loss.backward()
@@ -389,16 +420,18 @@ def families():
 
 def table(only=None):
     """Rows of launches per training step by phase, and syncs, for each family."""
-    print("launches per training step on the counting device (minattn/tools/counting.py; ~10–15 µs each on a GPU)")
+    print("launches per training step on the counting device (minattn/tools/counting.py), and the autograd")
+    print("nodes its forward records (the engine's Python work per step; backward visits each once more)")
     print(f"        {'model':32s} {'forward':>8s} {'backward':>9s} {'clipping':>9s} {'optimizer':>10s} "
-          f"{'total':>7s} {'syncs':>6s}")
+          f"{'total':>7s} {'syncs':>6s} {'nodes':>6s}")
     for label, build in families():
         if only and only not in label:
             continue
         model, loss_fn, opt, clip, rng = build()
         launches, syncs = count_step(model, loss_fn, opt, clip, rng)
         cells = " ".join(f"{launches.get(p, 0):{w}d}" for p, w in zip(PHASES, (8, 9, 9, 10)))
-        print(f"        {label:32s} {cells} {sum(launches.values()):7d} {sum(syncs.values()):6d}")
+        print(f"        {label:32s} {cells} {sum(launches.values()):7d} {sum(syncs.values()):6d} "
+              f"{sum(COUNTER.nodes.values()):6d}")
 
 
 if __name__ == "__main__":
@@ -409,5 +442,6 @@ if __name__ == "__main__":
         for (ph, site, what), n in sorted(COUNTER.sites.items(), key=lambda kv: -kv[1])[:int(os.environ.get("TOP", 60))]:
             print(f"{n:6d}  {ph:9s} {site:50s} {what}")
         print(dict(COUNTER.launches), dict(COUNTER.syncs))
+        print("forward nodes:", sum(COUNTER.nodes.values()), dict(COUNTER.nodes.most_common()))
     else:
         table(sys.argv[1] if len(sys.argv) > 1 else None)
