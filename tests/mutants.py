@@ -336,8 +336,8 @@ CORE = [
       "        leaf.grad = g if leaf.grad is None else leaf.grad + g", "a leaf's .grad is an array someone else holds"),
     M("minattn/engine.py", "        t._g = gx if t._g is None else t._g + gx", "        t._g = gx",
       "a tensor used twice keeps one gradient"),
-    M("minattn/engine.py", "axes = tuple(range(lead)) + tuple(i + lead for i, n in enumerate(shape) if n == 1 and g.shape[i + lead] != 1)",
-      "axes = tuple(range(lead))", "sum_to: size-1 axes not reduced"),
+    M("minattn/engine.py", "g = g.sum(axis=tuple(range(lead)) + stretched, keepdims=True)",
+      "g = g.sum(axis=tuple(range(lead)), keepdims=True)", "sum_to: size-1 axes not reduced"),
     M("minattn/engine.py", "    nodes.sort(key=_by_seq, reverse=True)", "    nodes.sort(key=_by_seq)",
       "graph walked from the leaves up"),
     # --- annex: fast/accumulate.py (the same four methods, faster) ---------------------------------------
