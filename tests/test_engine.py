@@ -7,7 +7,7 @@ import pytest
 from minattn import backend, ops
 from minattn import functional as F
 from minattn.attention.geometric import (DirectionalLogits, GeometricWeights, constants, directional_logits_composed,
-                                         geometric_weights_composed, invalid_keys)
+                                         geometric_weights_composed, invalid_keys, scan_indices)
 from minattn.engine import Function, Tensor, eval_mode, faster, is_training, no_grad, plain, sum_to
 from minattn.gradcheck import check_backward
 
@@ -169,7 +169,7 @@ FUSED_AND_COMPOSED = [   # (name, fused form, composed form, input shapes) -- bo
     ("cross_entropy", lambda x: ops.CrossEntropy(np.array([0, 5, -1, 3]), -1)(x),
      lambda x: ops.cross_entropy_composed(x, np.array([0, 5, -1, 3]), -1), [(4, 6)]),
     ("layer_norm", lambda x, w, b: ops.LayerNorm()(x, w, b), ops.layer_norm_composed, [(2, 4, 6), (6,), (6,)]),
-    ("geometric_weights", lambda z: GeometricWeights(invalid_keys(None, 5, z.data), *constants(5, z.data)[:3])(z),
+    ("geometric_weights", lambda z: GeometricWeights(invalid_keys(None, 5, z.data), scan_indices(5, z.data))(z),
      lambda z: geometric_weights_composed(z, invalid_keys(None, 5, z.data)), [(2, 3, 5, 5)]),
     ("directional_logits", lambda qk, s, a, b, g: DirectionalLogits(*constants(5, qk.data)[3:])(qk, s, a, b, g),
      lambda qk, s, a, b, g: directional_logits_composed(qk, s, a, b, g, constants(5, qk.data)[3]),

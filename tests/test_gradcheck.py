@@ -19,7 +19,7 @@ from minattn.attention.coda import (COMPOSITIONS, CoDAttention, PairwiseCoDA, l1
 from minattn.attention.compositional import CompositionalAttention
 from minattn.attention.geometric import (DirectionalLogits, GeometricAttention, GeometricWeights, constants,
                                         directional_logits_composed, geometric_attention_weights,
-                                        geometric_weights_composed, invalid_keys)
+                                        geometric_weights_composed, invalid_keys, scan_indices)
 from minattn.attention.multihead import MultiHeadAttention
 from minattn.attention.relational import PositionRelativeRCA, RelationalCrossAttention, SimplifiedRCA
 from minattn.attention.relative import RelativeMultiHeadAttention
@@ -161,7 +161,7 @@ OPS = [
     ("geometric_weights_padded_normalized", lambda z, m: geometric_attention_weights(z, m, normalize=True),
      inputs(lambda r: r.uniform(-3, 3, (2, 1, 4, 4)), const(np.array([[1, 1, 1, 0], [1, 1, 1, 1]], bool)))),
     ("geometric_weights_T1", lambda z: geometric_attention_weights(z), inputs(N(1, 1, 1, 1))),
-    ("geometric_weights_fused", lambda z, m: GeometricWeights(invalid_keys(m, 4, z.data), *constants(4, z.data)[:3])(z),
+    ("geometric_weights_fused", lambda z, m: GeometricWeights(invalid_keys(m, 4, z.data), scan_indices(4, z.data))(z),
      inputs(lambda r: r.uniform(-3, 3, (2, 1, 4, 4)), const(np.array([[1, 1, 1, 0], [1, 1, 1, 1]], bool)))),
     ("geometric_weights_composed", lambda z, m: geometric_weights_composed(z, invalid_keys(m, 4, z.data)),
      inputs(lambda r: r.uniform(-3, 3, (2, 1, 4, 4)), const(np.array([[1, 1, 1, 0], [1, 1, 1, 1]], bool)))),
