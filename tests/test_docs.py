@@ -5,6 +5,7 @@ import os
 import re
 
 import numpy as np
+import pytest
 
 from minattn.attention.coda import l1_distance
 from minattn.attention.compositional import CompositionalAttention
@@ -78,3 +79,15 @@ def test_abstractor_note_rca_matches_the_module():
         m = randomize(RelationalCrossAttention(8, 2, d_head=3, activation=activation, symmetric=symmetric))
         np.testing.assert_allclose(naive(m, x, s), naive_rca(m, x, s), rtol=1e-12)
         np.testing.assert_allclose(m(Tensor(x), Tensor(s)).data, naive(m, x, s), rtol=1e-4, atol=1e-5)
+
+
+def test_engine_note_works_its_graph_through_the_engine(monkeypatch):
+    code = note_code("engine")
+    assert code["order"] == ["Sum", "Tanh", "Add", "Mul", "b", "x", "w"]
+    v = np.array([[0.3, -1.2], [2.0, 0.5]])
+    np.testing.assert_allclose(code["numeric_grad"](lambda a: (a ** 3).sum(), v), 3 * v ** 2, rtol=1e-6)
+    # the note's checks catch a wrong backward: tanh's derivative taken as 1 - t instead of 1 - t²
+    from minattn.ops import elementwise
+    monkeypatch.setattr(elementwise.Tanh, "backward", lambda self, gy: gy * (1 - self.y))
+    with pytest.raises(AssertionError):
+        note_code("engine")
