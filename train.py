@@ -48,7 +48,7 @@ from minattn.lab import viz  # noqa: E402
 from minattn.lab.errors import UsageError  # noqa: E402
 from minattn.lab.recipes import RECIPES, recipe_for  # noqa: E402
 from minattn.lab.recipes.base import older_metrics, optimizer, schedule, stop_early  # noqa: E402
-from minattn.lab.report import report  # noqa: E402
+from minattn.lab.report import report, run_curves  # noqa: E402
 from minattn.lab.rundir import (CHECKPOINT, Terminated, append_line, convert, handling_signals, identity,  # noqa: E402
                             load_checkpoint, locked, missing_top, remove_empty, repair_log, running_sums,
                             save_checkpoint, stop_at_step_end, terminated, to_json, writable, write_atomic)
@@ -294,6 +294,7 @@ def plot(out_dir, device="cpu", texts=(), task=None, model=None, settings=(), pl
             raise UsageError(f"{out_dir} holds a {recipe.cfg.task} / {recipe.cfg.model} checkpoint, not {flag} {given}")
     with user_values():
         pictures = recipe.plot_examples(net, list(texts))
+    pictures += run_curves(out_dir)   # metrics.jsonl against the step, the selected step marked
     if default_dir and viz.have_matplotlib() and not writable(plot_dir if os.path.isdir(plot_dir) else out_dir):
         raise UsageError(f"cannot write the pictures into {plot_dir} (read-only): choose --plot-dir DIR")
     paths = viz.write_pictures(pictures, plot_dir)
@@ -341,9 +342,10 @@ def parse_args(argv=None):
     ap.add_argument("--evaluate", action="store_true", help="evaluate the checkpoint in --out on every split and "
                     "exit; --set n_steps_eval=N applies a shared-layer encoder N times (also with --plot, --analyze)")
     ap.add_argument("--plot", action="store_true", help="draw what the checkpoint in --out learned (attention maps, "
-                    "gates, value scores, relations) into DIR/plots and exit; PNGs need matplotlib (pip install -e "
-                    "'.[plot]'), without it the maps are printed as text")
-    ap.add_argument("--plot-dir", metavar="DIR", help="--plot: write the PNGs to DIR (default: the run's plots/)")
+                    "gates, value scores, relations) and the run's learning curves into DIR/plots and exit; PNGs "
+                    "need matplotlib (pip install -e '.[plot]'), without it the maps are printed as text")
+    ap.add_argument("--plot-dir", metavar="DIR", help="--plot: write the PNGs to DIR (default: the run's plots/); "
+                    "--report: also draw the runs' learning curves side by side into DIR/learning-curves.png")
     ap.add_argument("--example", action="append", default=[], metavar="TEXT",
                     help="--plot this input instead of a fixed sample of test examples (repeatable): the task's text, "
                     "e.g. ctl '101 d a b', lookup '100 t3 t1 .', scan 'jump twice'; object indices for sort, "
@@ -403,7 +405,7 @@ def _main(args, where):
     if len(modes) > 1:
         raise UsageError(f"{' and '.join(modes)} are separate modes: give one at a time")
     if args.report:
-        report(args.report)
+        report(args.report, args.plot_dir)
         return 0
     if args.convert:
         convert(args.convert)

@@ -1,6 +1,7 @@
 """Pictures (minattn/lab/viz.py and train.py --plot): what the collectors take from each model, the terminal
 renderer's exact output, PNGs of the expected size (skipped without matplotlib), the text fallback when
 matplotlib is missing, and the command's errors. Every model here is tiny: the file runs in seconds."""
+import json
 import os
 import struct
 import sys
@@ -17,8 +18,9 @@ from minattn.models.seq2seq import CoDASeq2SeqTransformer, EncoderDecoderConfig
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tasks  # noqa: E402
 import train  # noqa: E402
-from minattn.lab import recipes  # noqa: E402
+from minattn.lab import recipes, report  # noqa: E402
 from minattn.lab.recipes.base import example_name  # noqa: E402
+from minattn.lab.rundir import read_log  # noqa: E402
 
 TOKENS = ["<sos>", "a", "b", "c", "<eos>"]
 OUT_VOCAB = ["<unk>", "<pad>", "<sos>", "<eos>", "A", "B", "C"]
@@ -258,6 +260,95 @@ def test_render_text_puts_panels_side_by_side_as_width_allows():
     assert narrow.count("-- p --") == 2 and len(narrow.splitlines()) == 2 * len(wide.splitlines())
 
 
+# --- learning curves (viz.learning_curves; report.run_curves and report(…, plot_dir) read the run directories) ---
+
+# two runs' logs: the first has a diverged last evaluation (a loss, no metrics), the second other steps
+LOG_A = [{"step": 10, "train_loss": 2.5, "valid": 0.25, "test": 0.5, "wall_s": 1.0},
+         {"step": 20, "train_loss": 1.5, "valid": 0.75, "test": 0.625, "wall_s": 2.0},
+         {"step": 30, "train_loss": None, "wall_s": 3.0}]
+LOG_B = [{"step": 15, "train_loss": 3.0, "valid": 0.5, "test": 0.25, "gate_mean": 0.5, "wall_s": 1.0}]
+CURVE_RUNS = [("a", LOG_A, 20), ("b", LOG_B, None)]
+
+
+def test_learning_curves_hold_the_logs_points_and_mark_the_selected_steps():
+    picture = viz.learning_curves(CURVE_RUNS, "t")
+    assert [p.title for p in picture.panels] == ["train_loss", "valid", "test", "gate_mean"]   # the logs' order
+    nan = np.nan
+    for panel in picture.panels:
+        assert panel.kind == "curves" and panel.cols == [10, 15, 20, 30] and panel.rows == ["a", "b"]
+        assert panel.marks == [20, None]
+        key = panel.title
+        want = [[e.get(key) if e.get(key) is not None else nan for e in log for s in panel.cols if e["step"] == s]
+                for log in (LOG_A, LOG_B)]
+        for row, log in zip(panel.values, (LOG_A, LOG_B)):   # every point is the log's, NaN where it has none
+            got = {s: v for s, v in zip(panel.cols, row) if not np.isnan(v)}
+            assert got == {e["step"]: e[key] for e in log if e.get(key) is not None}, (key, want)
+    train_loss, valid = picture.panels[:2]
+    assert (train_loss.vmin, train_loss.vmax) == (None, None) and (valid.vmin, valid.vmax) == (0, 1)
+
+
+def test_text_curves_exact_output():
+    text = viz.text_curves([[0.0, 0.5, np.nan, 1.0]], [1, 2, 3, 4], ["run"], [2], 0, 1)
+    assert text == ("run ▁▅ █ 0 → 1; selected: step 2, 0.5\n"
+                    "    steps 1…4")
+
+
+def write_run(d, log, best_step, task="ctl", seed=0):
+    """A finished run directory as training leaves it: results.json and metrics.jsonl."""
+    os.makedirs(d)
+    results = {"task": task, "model": "ndr", "preset": "cpu", "seed": seed, "steps": log[-1]["step"],
+               "metrics": {"valid": 0.5}, "best_step": best_step, "wall_s": 1.0, "ms_per_step": 1.0,
+               "config": {"task": task, "model": "ndr", "preset": "cpu", "seed": seed, "steps": 30,
+                          "model_config": {}, "options": None}}
+    with open(os.path.join(d, "results.json"), "w") as f:
+        json.dump(results, f)
+    with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+        f.writelines(json.dumps(e) + "\n" for e in log)
+    return str(d)
+
+
+def test_run_curves_read_the_log_and_mark_results_best_step(tmp_path):
+    d = write_run(tmp_path / "run", LOG_A, best_step=20)
+    (picture,) = report.run_curves(d)
+    assert [p.title for p in picture.panels] == ["train_loss", "valid", "test"]
+    assert all(p.marks == [20] for p in picture.panels) and "step 20" in picture.title
+    np.testing.assert_array_equal(picture.panels[1].values, [[0.25, 0.75, np.nan]])
+    scan = write_run(tmp_path / "scan", LOG_B, best_step=None)       # SCAN selects nothing: the last is marked
+    assert report.run_curves(scan)[0].panels[0].marks == [15]
+
+
+def test_run_curves_without_a_log_warn_and_draw_nothing(tmp_path, capsys):
+    d = write_run(tmp_path / "run", LOG_A, best_step=20)
+    os.remove(os.path.join(d, "metrics.jsonl"))
+    assert report.run_curves(d) == []
+    assert "warning: no learning curves for" in capsys.readouterr().err
+
+
+def test_report_draws_the_runs_curves_side_by_side(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    a = write_run(tmp_path / "a", LOG_A, best_step=20)
+    b = write_run(tmp_path / "b", LOG_B, best_step=15, seed=1)
+    paths = report.report([a, b], plot_dir=str(tmp_path / "pics"))
+    assert paths == [str(tmp_path / "pics" / "learning-curves.png")] and png_size(paths[0])[0] > 0
+    assert f"wrote {paths[0]}" in capsys.readouterr().out
+
+
+def test_plot_draws_the_runs_learning_curves(pairwise_run, tmp_path, capsys):
+    """--plot of a trained run: its curves are its metrics.jsonl, the mark its results.json's best_step."""
+    pics = str(tmp_path / "pics")
+    assert train.main(["--plot", "--out", pairwise_run, "--example", "5 41", "--plot-dir", pics]) == 0
+    with open(os.path.join(pairwise_run, "results.json")) as f:
+        best = json.load(f)["best_step"]
+    log = read_log(os.path.join(pairwise_run, "metrics.jsonl"))
+    (picture,) = report.run_curves(pairwise_run)
+    assert [p.title for p in picture.panels] == [k for k in log[0] if k not in ("step", "wall_s")]
+    for panel in picture.panels:
+        assert panel.cols == [e["step"] for e in log] and panel.marks == [best]
+        np.testing.assert_array_equal(panel.values[0], [e[panel.title] for e in log])
+    if viz.have_matplotlib():
+        assert f"wrote {os.path.join(pics, 'learning-curves.png')}" in capsys.readouterr().out
+
+
 # --- PNGs -----------------------------------------------------------------------------------------------------
 
 def png_size(path):
@@ -276,7 +367,8 @@ def one_of_each_kind():
     tokens = [f"t{i}" for i in range(33)]                           # over 32 tokens: smaller cells
     large = viz.Picture("large", "33 tokens", [viz.Panel(np.eye(33), "p", rows=tokens, cols=tokens)])
     return [min(group, key=lambda p: len(p.panels)) for group in groups] + \
-        [p for p in groups[1] if "coda" in p.name][:1] + [large]    # heatmaps and histograms; small cells
+        [p for p in groups[1] if "coda" in p.name][:1] + [large] + \
+        [viz.learning_curves(CURVE_RUNS, "two runs")]              # heatmaps, histograms; small cells; curves
 
 
 def test_every_kind_of_picture_is_a_png_of_the_expected_size(tmp_path):

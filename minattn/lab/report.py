@@ -1,6 +1,8 @@
 """The report of finished runs (``train.py --report``): one row per run directory (results.json, or the
 checkpoint of a run that has not finished), means ± sample std over seeds, and learning curves over
-training-set sizes. What it cannot read it skips, naming why.
+training-set sizes. What it cannot read it skips, naming why. ``run_curves`` (for ``--plot``) and
+``report(…, plot_dir)`` (``--report … --plot-dir DIR``) draw runs' learning curves: their metrics.jsonl against
+the step, the selected step marked (viz.learning_curves).
 """
 import contextlib
 import json
@@ -9,6 +11,7 @@ import sys
 
 import numpy as np
 
+from . import viz
 from .errors import UsageError
 from .recipes.base import older_metrics
 from .rundir import CHECKPOINT, Corrupted, _int, _number, _read_npz, open_regular, read_log, settings
@@ -72,8 +75,10 @@ def _unfinished_run(d):
     last = history[-1]
     # the metrics of the last evaluation, as the recipe named them ("last"; older checkpoints: the log's numbers)
     metrics = meta["last"] if isinstance(meta.get("last"), dict) else older_metrics({"metrics": {}}, history)
+    best = meta.get("best") if isinstance(meta.get("best"), dict) else {}   # the selected evaluation so far
     r = {"task": cfg["task"], "model": cfg["model"], "preset": cfg["preset"], "seed": cfg["seed"],
-         "steps": last.get("step"), "config": cfg, "best_step": None, "wall_s": last.get("wall_s") or 0,
+         "steps": last.get("step"), "config": cfg, "best_step": best.get("step") if _int(best.get("step")) else None,
+         "wall_s": last.get("wall_s") or 0,
          "ms_per_step": None, "metrics": {k: v for k, v in metrics.items() if _number(v)}}
     return r, [h for h in history if isinstance(h, dict)], f"unfinished: step {last.get('step')} of {cfg['steps']}"
 
@@ -89,13 +94,14 @@ def _cell(v):
     return "" if v is None else f"{v:.4f}" if isinstance(v, float) else str(v)
 
 
-def report(paths):
+def report(paths, plot_dir=None):
     """Markdown table of runs (their results.json) and each run's learning curve. Diverged and unfinished runs
     get a row marked so, and are left out of the means over seeds and sizes. Directories that hold no run are
     skipped with a warning, and so is one whose files are malformed; a run is counted once, however often it is
     listed or copied: runs with one configuration (seed included; device aside) are one run, as training is
-    deterministic."""
-    rows, curves, groups, seen = [], [], {}, {}
+    deterministic. ``plot_dir``: also draw the listed runs' learning curves side by side into
+    plot_dir/learning-curves.png; returns the paths written."""
+    rows, curves, groups, seen, drawn = [], [], {}, {}, []
     for d in paths:
         try:
             r, log, status = finished_run(d)
@@ -113,6 +119,7 @@ def report(paths):
             continue
         seen[run_key] = d
         rows.append(row)
+        drawn.append((d, r, log))
         # runs that differ only in their seed (and device) are seeds of one experiment
         same = json.dumps({k: v for k, v in config.items() if k not in ("seed", "device")}, sort_keys=True)
         groups.setdefault(same, (row.split(" | ")[0][2:], r, [], []))[3 if status else 2].append((r, status))
@@ -143,6 +150,53 @@ def report(paths):
             print(w, file=sys.stderr)
         print(size_curves)
     print("\n".join(curves))
+    if plot_dir is None:
+        return []
+    picture = _curves_picture(drawn)
+    if picture is None:
+        raise UsageError("none of the runs has a readable metrics.jsonl: no learning curves to draw")
+    paths = viz.write_pictures([picture], plot_dir)
+    for path in paths:
+        print(f"wrote {path}")
+    return paths
+
+
+def run_curves(out_dir):
+    """[the learning curves of the run in out_dir] (a viz Picture: metrics.jsonl against the step, the selected
+    step marked), or [] with a warning when it has no log to draw: what ``--plot`` adds to its pictures."""
+    try:
+        picture = _curves_picture([(out_dir, *finished_run(out_dir)[:2])])
+    except UsageError as e:
+        picture, why = None, e
+    else:
+        why = "no readable metrics.jsonl"
+    if picture is None:
+        print(f"warning: no learning curves for {out_dir}: {why}", file=sys.stderr)
+        return []
+    return [picture]
+
+
+def _curves_picture(runs):
+    """One picture of the learning curves of ``runs`` ((directory, results, log) triples; those without a log
+    are left out), or None if none has a log. The marked step is results.json's ``best_step`` (the selected
+    evaluation; an unfinished run's: its checkpoint's so far); SCAN selects none and reports its last
+    evaluation, which is then marked."""
+    runs = [(d, r, log) for d, r, log in runs if log]
+    if not runs:
+        return None
+    names = [os.path.basename(os.path.normpath(d)) for d, _, _ in runs]   # a legend's label: the directory's name
+    names = names if len(set(names)) == len(names) else [d for d, _, _ in runs]
+    marks = [r["best_step"] if r["best_step"] is not None else log[-1]["step"] for _, r, log in runs]
+    d, r, _ = runs[0]
+    if len(runs) == 1:
+        what = f"{r['task']} / {r['model']} ({r['preset']} preset, seed {r['seed']}) in {d}"
+        mark = (f"dashed: the selected evaluation, step {marks[0]} (results.json's best_step)" if r["best_step"]
+                is not None else f"dashed: the last evaluation, step {marks[0]} (this task selects none)")
+    else:
+        what = f"{len(runs)} runs of " + ", ".join(dict.fromkeys(f"{r['task']} / {r['model']}" for _, r, _ in runs))
+        mark = "dashed: each run's selected evaluation (results.json's best_step; none selected: its last)"
+    return viz.learning_curves([(name, log, m) for name, (_, _, log), m in zip(names, runs, marks)],
+                               f"learning curves of {what}\n{mark}")
 
 
 def _report_row(d, r, log, status):

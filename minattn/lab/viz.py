@@ -8,15 +8,17 @@ attention trace, one-hot at inference, and the Gumbel temperature per step), ``s
 encoder–decoders of sorting and MLU: encoder attention, the Abstractor's relation matrices and its
 symbols' attention) and ``relational_pictures`` (the simplified Abstractor's relation matrices). Where the
 attention is CoDA, its factors tanh(E) and gate(N) and their product M come as heatmaps and histograms
-(``_coda_picture``). *Renderers* draw a Picture as a
+(``_coda_picture``). ``learning_curves`` draws runs' metrics logs (minattn/lab/report.py reads them: the
+training loss and every metric against the step, the selected step marked). *Renderers* draw a Picture as a
 PNG (``save_png``; matplotlib) or as Unicode shading for a terminal (``render_text``); ``write_pictures``
 picks one by whether matplotlib is installed.
 
     pictures = viz.encoder_pictures(model, ids, lengths, tokens, "ctl / ndr: 101 d a b")
     viz.write_pictures(pictures, "runs/ctl-ndr-cpu-s0/plots")   # PNGs, or text without matplotlib
 
-``train.py --plot`` does this for a checkpoint, through each recipe's ``plot_examples`` (minattn/lab/recipes/,
-the only part of the library that imports this file). matplotlib is imported only inside the PNG renderer, so it stays an optional extra (``pip install -e .[plot]``).
+``train.py --plot`` does this for a checkpoint, through each recipe's ``plot_examples`` (minattn/lab/recipes/),
+and adds the run's learning curves (report.run_curves). matplotlib is imported only inside the PNG renderer,
+so it stays an optional extra (``pip install -e .[plot]``).
 Collectors move data to the host explicitly, with one ``backend.to_numpy`` per picture (plus one for a
 prediction shown in a title), so they run unchanged on a GPU.
 """
@@ -45,9 +47,10 @@ PNG_HINT = "for PNGs install matplotlib: pip install -e '.[plot]'"
 
 @dataclass
 class Panel:
-    """One plot of a picture: a heatmap (2-D ``values``), bars (1-D, one label each in ``rows``) or a
-    histogram (any shape, flattened). ``vmin``/``vmax`` fix the colour range, or a histogram's (None: from
-    the data)."""
+    """One plot of a picture: a heatmap (2-D ``values``), bars (1-D, one label each in ``rows``), a
+    histogram (any shape, flattened) or curves (2-D: a line per row against ``cols``, the x values, NaN
+    where a row has no point; ``marks``: each row's marked x, or None). ``vmin``/``vmax`` fix the colour
+    range, a histogram's or the curves' y range (None: from the data)."""
     values: np.ndarray
     title: str
     kind: str = "heatmap"
@@ -58,6 +61,7 @@ class Panel:
     clabel: str = ""                           # heatmap: what the colour scale means
     xlabel: str = ""
     ylabel: str = ""
+    marks: list = field(default_factory=list)  # curves: the marked x of each row (its selected step), or None
 
 
 @dataclass
@@ -345,6 +349,38 @@ def relational_pictures(model, x, tokens, title, name="example", classes=None):
 
 
 # ==========================================================================================================
+# Learning curves: runs' metrics logs → one picture
+# ==========================================================================================================
+
+NOT_CURVES = ("step", "wall_s")      # logged with every evaluation, but not something the model learned
+
+
+def learning_curves(runs, title, name="learning-curves"):
+    """The learning curves of one run or several side by side: a panel per number the logs hold (the
+    training loss and every metric, in the log's order), a line per run against the step, and each run's
+    selected step marked. ``runs``: (label, log, selected step or None) triples, the log being the entries
+    of DIR/metrics.jsonl (dicts with "step"); an entry without a number (a diverged evaluation) is a gap."""
+    keys = list(dict.fromkeys(k for _, log, _ in runs for e in log for k in e if k not in NOT_CURVES))
+    steps = sorted({e["step"] for _, log, _ in runs for e in log})
+    column = {step: i for i, step in enumerate(steps)}
+    panels = []
+    for key in keys:
+        values = np.full((len(runs), len(steps)), np.nan)
+        for row, (_, log, _) in enumerate(runs):
+            for e in log:
+                v = e.get(key)
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    values[row, column[e["step"]]] = v
+        finite = values[np.isfinite(values)]
+        # a fraction (an accuracy) on the whole 0..1 scale, so runs and splits compare at a glance
+        fraction = "loss" not in key and finite.size and finite.min() >= 0 and finite.max() <= 1
+        panels.append(Panel(values, key, kind="curves", rows=[label for label, _, _ in runs], cols=steps,
+                            marks=[selected for _, _, selected in runs], vmin=0 if fraction else None,
+                            vmax=1 if fraction else None, xlabel="step"))
+    return Picture(name, title, panels, ncols=min(4, len(panels)))
+
+
+# ==========================================================================================================
 # Renderers
 # ==========================================================================================================
 
@@ -363,6 +399,12 @@ def _value_range(values, vmin, vmax):
     return lo, hi if hi > lo else lo + 1
 
 
+def _data_range(values):
+    """(low, high) of the finite values ((0, 1) if none): a curve's own scale, signed or not."""
+    finite = values[np.isfinite(values)]
+    return (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+
+
 def _quarter(inches):
     """Rounded up to a quarter inch: at 100 DPI a whole number of pixels, exact in binary, so the PNG's size
     is figure_size's without rounding for matplotlib and us to disagree about."""
@@ -377,7 +419,7 @@ def _panel_inches(panel):
         return _quarter(2.5 + cell * cols), _quarter(1.75 + cell * rows)
     if panel.kind == "bars":
         return 3.0, 1.75 + CELL * len(panel.values)      # as tall as a heatmap with a row per bar
-    return 4.0, 3.0
+    return 4.0, 3.0                                      # a histogram or curves
 
 
 def _title_lines(picture, width_inches):
@@ -420,6 +462,29 @@ def _draw_bars(ax, panel):
     ax.invert_yaxis()                 # the first step on top, as in the heatmap beside it
 
 
+def _draw_curves(ax, panel):
+    """A line per row, its marked step as a dashed vertical line and a dot; a legend when there are rows to
+    tell apart (the picture's title says what the mark is)."""
+    steps = np.asarray(panel.cols, dtype=float)
+    marks = panel.marks or [None] * len(panel.rows)
+    for label, ys, mark in zip(panel.rows, panel.values, marks):
+        ok = np.isfinite(ys)
+        line, = ax.plot(steps[ok], ys[ok], lw=1.2, marker="." if ok.sum() < 30 else None,
+                        label=label if len(panel.rows) > 1 else None)
+        if mark in panel.cols:
+            y = ys[panel.cols.index(mark)]
+            ax.axvline(mark, color=line.get_color(), ls="--", lw=0.8)
+            if np.isfinite(y):
+                ax.plot([mark], [y], "o", color=line.get_color(), ms=4)
+    if panel.vmin is not None and panel.vmax is not None:
+        pad = 0.03 * (panel.vmax - panel.vmin)
+        ax.set_ylim(panel.vmin - pad, panel.vmax + pad)
+    ax.tick_params(labelsize=6)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=6)
+
+
 def save_png(picture, path):
     """Draw the picture with matplotlib (its object API: no pyplot, no GUI backend, safe headless) and
     write it to ``path``. Raises ImportError without matplotlib."""
@@ -433,6 +498,8 @@ def save_png(picture, path):
             _draw_heatmap(fig, ax, panel)
         elif panel.kind == "bars":
             _draw_bars(ax, panel)
+        elif panel.kind == "curves":
+            _draw_curves(ax, panel)
         else:
             ax.hist(*_histogram(panel, 30), color="tab:blue")
         ax.set_title(panel.title, fontsize=8)
@@ -480,12 +547,35 @@ def text_bars(values, labels, width=30):
                      for label, v in zip(labels, values))
 
 
+SPARKS = "▁▂▃▄▅▆▇█"   # terminal curves: low to high
+
+
+def text_curves(values, steps, labels, marks=(), vmin=None, vmax=None, width=40):
+    """Curves as text: per row a sparkline of at most ``width`` evenly spaced points (gaps blank; its scale
+    vmin..vmax, else the data's), its first and last value, and the value at its marked step."""
+    values = np.asarray(values, dtype=float)
+    lo, hi = _value_range(values, vmin, vmax) if vmin is not None else _data_range(values)
+    pick = np.unique(np.linspace(0, len(steps) - 1, min(width, len(steps))).round().astype(int)) if steps else []
+    pad = max(map(len, labels), default=0)
+    lines = []
+    for label, ys, mark in zip(labels, values, list(marks) + [None] * len(labels)):
+        spark = "".join(" " if not np.isfinite(ys[i]) else
+                        SPARKS[0 if hi == lo else round((ys[i] - lo) / (hi - lo) * (len(SPARKS) - 1))] for i in pick)
+        ok = np.flatnonzero(np.isfinite(ys))
+        ends = f"{ys[ok[0]]:.4g} → {ys[ok[-1]]:.4g}" if ok.size else "no value"
+        at = f"; selected: step {mark}, {ys[steps.index(mark)]:.4g}" if mark in steps else ""
+        lines.append(f"{label:>{pad}} {spark} {ends}{at}")
+    return "\n".join(lines + [f"{'':>{pad}} steps {steps[0]}…{steps[-1]}" if steps else ""])
+
+
 def _text_panel(p):
-    """A panel as a list of text lines: its title, then shading (heatmap) or bars."""
+    """A panel as a list of text lines: its title, then shading (heatmap), bars or sparklines (curves)."""
     if p.kind == "heatmap":
         body = text_heatmap(p.values, p.rows, p.cols, p.vmin, p.vmax, p.clabel)
     elif p.kind == "bars":
         body = text_bars(p.values, p.rows)
+    elif p.kind == "curves":
+        body = text_curves(p.values, p.cols, p.rows, p.marks, p.vmin, p.vmax)
     else:
         counts, edges = np.histogram(*_histogram(p, 10))
         body = text_bars(counts, [f"{a:.2f}…{b:.2f}" for a, b in zip(edges[:-1], edges[1:])])
