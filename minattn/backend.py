@@ -69,7 +69,8 @@ def _gpu_failure(what, e):
     if re.search(r"InsufficientDriver|driver version is insufficient|UNSUPPORTED_PTX|NoDriver", text):
         switch = (", or for a CUDA 12 driver use CuPy's CUDA 12 wheel: make venv DEVICE=gpu CUPY=cupy-cuda12x"
                   if wheel == "cupy-cuda13x" else "")
-        return (f"device 'gpu': the NVIDIA driver is missing or older than {wheel}'s CUDA ({what}: {text[:120]}); "
+        return (f"device 'gpu': the NVIDIA driver is missing or older than {wheel}'s CUDA ({what}: "
+                f"{text[:120]}); "
                 f"update the driver (nvidia-smi shows the newest CUDA it supports){switch}")
     if re.search(r"NoDevice|no CUDA-capable device", text):
         return ("device 'gpu': CuPy sees no CUDA GPU; check that nvidia-smi lists one and that "
@@ -78,13 +79,14 @@ def _gpu_failure(what, e):
 
 
 def _self_test(cupy):
-    """Run one elementwise kernel, one float32 matmul and one random draw, and check their results."""
+    """Run one elementwise kernel, one float32 matmul and one random draw, and check their
+    results."""
     host = np.arange(6, dtype=np.float32).reshape(2, 3)
     checks = (
         ("an elementwise kernel (compiled by NVRTC)", lambda x: cupy.multiply(x, 2), host * 2),
         ("a float32 matmul (cuBLAS)", lambda x: cupy.matmul(x, x.T), host @ host.T),
-        ("a random draw (cuRAND)", lambda x: cupy.random.RandomState(0).random_sample((2, 3), dtype=np.float32),
-         None))
+        ("a random draw (cuRAND)",
+         lambda x: cupy.random.RandomState(0).random_sample((2, 3), dtype=np.float32), None))
     what = "copying an array to the GPU"
     try:
         x = cupy.asarray(host)
@@ -112,7 +114,8 @@ def _load_cupy():
             cupy = _import_cupy()
         except Exception as e:  # ImportError, or a broken install that fails while importing
             raise DeviceError(f"device 'gpu' needs CuPy, which could not be imported "
-                              f"({e.__class__.__name__}: {' '.join(str(e).split())[:120]}); {GPU_HINT}") from None
+                              f"({e.__class__.__name__}: {' '.join(str(e).split())[:120]}); "
+                              f"{GPU_HINT}") from None
         try:
             n = cupy.cuda.runtime.getDeviceCount()
         except Exception as e:
@@ -181,8 +184,8 @@ class RNG:
 
     The stream is determined by (seed, keys). ``fork(*keys)`` returns an independent stream with a
     generator of its own (one per module); ``reseed(*keys)`` turns this one into the stream of
-    ``RNG(seed, device, keys)`` in place: the training loop reseeds one RNG with the step number each
-    step, so resuming at step k replays exactly the same masks and noise.
+    ``RNG(seed, device, keys)`` in place: the training loop reseeds one RNG with the step number
+    each step, so resuming at step k replays exactly the same masks and noise.
     """
 
     def __init__(self, seed=0, device="cpu", keys=()):
@@ -196,8 +199,9 @@ class RNG:
         """Restart as the stream of (seed, keys), reusing the device generator; returns self.
 
         On CuPy a generator is a cuRAND handle whose creation allocates device memory (and so may
-        synchronize with the GPU); reseeding it only sets its seed and offset. On NumPy the host-side
-        PCG64 is rebuilt, a few microseconds. Both give the same numbers as a new RNG(seed, keys)."""
+        synchronize with the GPU); reseeding it only sets its seed and offset. On NumPy the
+        host-side PCG64 is rebuilt, a few microseconds. Both give the same numbers as a new
+        RNG(seed, keys)."""
         self.keys = tuple(int(k) for k in keys)
         seq = np.random.SeedSequence([self.seed, *self.keys])
         xp = get_xp(self.device)
@@ -221,8 +225,8 @@ class RNG:
     def keep_mask(self, shape, p_drop):
         """Boolean mask, each entry True with probability 1 − p_drop (dropout's "keep" mask).
 
-        On NumPy it compares 16-bit random integers with round(p_drop · 65536), about twice as fast as
-        float uniforms; p_drop is thereby rounded to a multiple of 1/65536."""
+        On NumPy it compares 16-bit random integers with round(p_drop · 65536), about twice as fast
+        as float uniforms; p_drop is thereby rounded to a multiple of 1/65536."""
         if isinstance(self._gen, np.random.Generator):
             return self._gen.integers(0, 65536, size=shape, dtype=np.uint16) >= round(p_drop * 65536)
         return self._gen.random_sample(shape, dtype=np.float32) >= p_drop
@@ -240,10 +244,11 @@ _default_rngs = {}
 
 
 def default_rng(device="cpu"):
-    """The stream a random module draws from until ``Module.set_rng`` gives it one: one per device, seeded 0
-    when first used, so a script's dropout masks and Gumbel noise are the same from run to run with no set-up.
-    For a seed of your own (and for noise that does not depend on what ran before), call
-    ``model.set_rng(RNG(seed, device))``; train.py does, reseeding it every step so a resume replays it."""
+    """The stream a random module draws from until ``Module.set_rng`` gives it one: one per device,
+    seeded 0 when first used, so a script's dropout masks and Gumbel noise are the same from run to
+    run with no set-up. For a seed of your own (and for noise that does not depend on what ran
+    before), call ``model.set_rng(RNG(seed, device))``; train.py does, reseeding it every step so a
+    resume replays it."""
     if device not in _default_rngs:
         _default_rngs[device] = RNG(0, device)
     return _default_rngs[device]
@@ -253,11 +258,11 @@ def keep_freed_memory():
     """Ask glibc to keep freed memory for reuse instead of returning it to the OS.
 
     By default glibc serves large blocks with mmap and unmaps them on free, so every big temporary
-    array of every step pays fresh page faults (kernel time zeroing pages). Raising the mmap and trim
-    thresholds keeps them in the heap: on this project's 2-core machines an NDR step made ~2.5× fewer
-    page faults (system time 0.62 s → 0.25 s over 9 steps) and a small CRT step ran up to ~2× faster.
-    Process-wide, so only the command-line tools call it; set MINATTN_KEEP_MEMORY=0 to skip it.
-    Returns True when the setting took effect (Linux with glibc), else False.
+    array of every step pays fresh page faults (kernel time zeroing pages). Raising the mmap and
+    trim thresholds keeps them in the heap: on this project's 2-core machines an NDR step made ~2.5×
+    fewer page faults (system time 0.62 s → 0.25 s over 9 steps) and a small CRT step ran up to ~2×
+    faster. Process-wide, so only the command-line tools call it; set MINATTN_KEEP_MEMORY=0 to skip
+    it. Returns True when the setting took effect (Linux with glibc), else False.
     """
     if os.environ.get("MINATTN_KEEP_MEMORY", "1") == "0":
         return False

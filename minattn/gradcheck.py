@@ -10,8 +10,8 @@ requires grad, the directional derivative along a random unit direction v:
 One direction per tensor costs two forward passes, so a whole module is cheap; ``elementwise=True``
 checks every entry separately instead (for debugging a failing op).
 
-Defaults: eps = 1e-6, rtol = 1e-4, atol = 1e-6. A direction fails when |numeric − analytic| >
-atol + rtol·|numeric|, or when either value is NaN or ±inf (tests/test_checker.py pins all of this: a
+Defaults: eps = 1e-6, rtol = 1e-4, atol = 1e-6. A direction fails when |numeric − analytic| > atol +
+rtol·|numeric|, or when either value is NaN or ±inf (tests/test_checker.py pins all of this: a
 gradient wrong by 1% fails at these tolerances).
 """
 import numpy as np
@@ -53,7 +53,8 @@ def check_backward(fn, inputs, params=(), eps=1e-6, atol=1e-6, rtol=1e-4, seed=0
             p.data = p.data.astype(np.float64)
     args = [_as_input(x) for x in inputs]
     int_tensors = [a for a in args if isinstance(a, Tensor) and a.dtype.kind != "f"]
-    targets = [(f"input{i}", a) for i, a in enumerate(args) if isinstance(a, Tensor) and a.requires_grad] + named
+    targets = [(f"input{i}", a) for i, a in enumerate(args)
+               if isinstance(a, Tensor) and a.requires_grad] + named
     if not targets:
         raise ValueError("check_backward: nothing requires grad")
 
@@ -63,7 +64,8 @@ def check_backward(fn, inputs, params=(), eps=1e-6, atol=1e-6, rtol=1e-4, seed=0
     if not isinstance(y, Tensor):
         raise TypeError(f"check_backward: fn must return a Tensor, got {type(y).__name__}")
     if y.dtype != np.float64:
-        raise GradcheckError(f"output dtype is {y.dtype}, expected float64: something casts the computation down")
+        raise GradcheckError(f"output dtype is {y.dtype}, expected float64: something casts the "
+                             "computation down")
     u = backend.to_device(rng.standard_normal(y.shape), backend.device_of(y.data))
     y.backward(u)
 
@@ -93,7 +95,8 @@ def check_backward(fn, inputs, params=(), eps=1e-6, atol=1e-6, rtol=1e-4, seed=0
             t.data = orig
             numeric = (lp - lm) / (2 * eps)
             analytic = float((grad_np * d).sum())
-            if not (np.isfinite(analytic) and np.isfinite(numeric)) or abs(numeric - analytic) > atol + rtol * abs(numeric):
+            finite = np.isfinite(analytic) and np.isfinite(numeric)
+            if not finite or abs(numeric - analytic) > atol + rtol * abs(numeric):
                 where = f"entry {np.unravel_index(k, t.shape)}" if elementwise else f"direction {k}"
                 failures.append(f"{name} {tuple(t.shape)} {where}: numeric {numeric:.8g} vs analytic "
                                 f"{analytic:.8g} (|diff| {abs(numeric - analytic):.3g} > atol {atol} + "

@@ -19,10 +19,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The files this guard covers: every Python file of the package, the training script, the catalogue, the
 # tests, the README and the design notes.
 def _glob(pattern):
-    return [os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern))]
+    return [os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern), recursive=True)]
 
 
-CLEANED = sorted(["tasks.py", "train.py", "README.md"] + _glob("minattn/*.py") + _glob("minattn/*/*.py")
+CLEANED = sorted(["tasks.py", "train.py", "README.md"] + _glob("minattn/**/*.py")
                  + _glob("tests/*.py") + _glob("docs/*.md"))
 NOTES = ("ndr", "coda", "compositional", "abstractor", "seq2attn", "names")
 FORBIDDEN = [re.compile(r"\bspec\b", re.I),                                    # "spec ndr.md §3", "the spec's"

@@ -1,21 +1,21 @@
 """MLP ("additive") attention with Gumbel-softmax straight-through weights, as in seq2attn (Korrel,
-Hupkes, Dankers & Bruni 2019, "Transcoding compositionally", §3, Eqs. 5–8; design note docs/seq2attn.md §1.3–1.5).
+Hupkes, Dankers & Bruni 2019, "Transcoding compositionally", §3, Eqs. 5–8; design note
+docs/seq2attn.md §1.3–1.5).
 
 The score of key k_j (an encoder state) for the query q (the transcoder state) is an MLP of their
-concatenation, e_j = w2 · ReLU(W1 [k_j ; q] + b1) + b2 (Eq. 5). The weights α are, by ``activation``:
-``softmax`` (the baseline); ``gumbel_st`` — in training the straight-through sample
+concatenation, e_j = w2 · ReLU(W1 [k_j ; q] + b1) + b2 (Eq. 5). The weights α are, by
+``activation``: ``softmax`` (the baseline); ``gumbel_st`` — in training the straight-through sample
 α = one_hot(argmax y) − sg(y) + y with y = softmax((e + g)/τ), g ~ Gumbel(0, 1) (Eqs. 7–8), so the
-forward value is exactly one-hot while the gradient is the soft sample's, and at evaluation
-α = one_hot(argmax e), without noise; or ``gumbel`` — in training the soft sample y itself
-(ablations and gradient checks), at evaluation the same argmax. The reference feeds log_softmax(e)
-rather than e into the sample; softmax ignores a constant shift per row, so using e gives identical
-values and gradients with one op fewer. The temperature τ is ``fixed``, ``latent`` (τ = exp(θ), θ a
-learned scalar) or ``conditioned`` on the query: τ = 1 / (softplus(w_τ · q + b_τ) + 1/τ_max) ∈ (0, τ_max],
-one value per step and sequence.
-W1 is stored as its key and query halves so that W1_k k_j + b1 is computed once per sequence
-(``prepare``) and each decoding step costs a single (B, H) × (H, H) product for the query.
-Padding keys get a large finite negative score (not −inf), so their weight is exactly 0 and no
-inf · 0 = NaN can enter a gradient (e.g. the one of τ).
+forward value is exactly one-hot while the gradient is the soft sample's, and at evaluation α =
+one_hot(argmax e), without noise; or ``gumbel`` — in training the soft sample y itself (ablations
+and gradient checks), at evaluation the same argmax. The reference feeds log_softmax(e) rather than
+e into the sample; softmax ignores a constant shift per row, so using e gives identical values and
+gradients with one op fewer. The temperature τ is ``fixed``, ``latent`` (τ = exp(θ), θ a learned
+scalar) or ``conditioned`` on the query: τ = 1 / (softplus(w_τ · q + b_τ) + 1/τ_max) ∈ (0, τ_max],
+one value per step and sequence. W1 is stored as its key and query halves so that W1_k k_j + b1 is
+computed once per sequence (``prepare``) and each decoding step costs a single (B, H) × (H, H)
+product for the query. Padding keys get a large finite negative score (not −inf), so their weight is
+exactly 0 and no inf · 0 = NaN can enter a gradient (e.g. the one of τ).
 """
 import math
 
@@ -58,8 +58,9 @@ class AdditiveAttention(Module):
     def prepare(self, keys, key_mask=None):
         """Per-sequence work: (W1_k k_j + b1 (B, n, H), additive score bias (B, n)).
 
-        The bias holds b2 and the padding mask (0 or F.MASKED). b2 shifts every score of a row equally,
-        so it changes nothing; it exists for parity with the reference's parameter count."""
+        The bias holds b2 and the padding mask (0 or F.MASKED). b2 shifts every score of a row
+        equally, so it changes nothing; it exists for parity with the reference's parameter
+        count."""
         B, n, d_key = keys.shape
         projected = (keys.reshape(B * n, d_key) @ self.w1_key + self.b1).reshape(B, n, -1)
         if key_mask is None:
@@ -90,4 +91,5 @@ class AdditiveAttention(Module):
             return F.softmax(e)
         if not (self.training and is_training()):
             return Tensor(F.one_hot_argmax(e))  # a constant: argmax attention passes no gradient
-        return F.gumbel_softmax(e, self.tau(query), hard=self.activation == "gumbel_st", rng=self.rng, noise=noise)
+        return F.gumbel_softmax(e, self.tau(query), hard=self.activation == "gumbel_st",
+                                rng=self.rng, noise=noise)

@@ -2,29 +2,32 @@
 Networks", NeurIPS; design note docs/coda.md): quasi-attention without softmax.
 
 Softmax weights lie in (0, 1) and sum to 1 over the keys, so attention can only re-weight values.
-CoDA's quasi-attention M = tanh(E) ⊙ gate(N) lies in (−1, 1) and is NOT normalised over keys: a query
-can add (+1), subtract (−1) or delete (0) each value. E is an ordinary similarity (dot product); N ≤ 0
-is a dissimilarity, the negative L1 distance, whose gate erases pairs that are far apart. The paper's
-letters are kept: E affinity, N negative affinity, M quasi-attention, α and β temperatures.
+CoDA's quasi-attention M = tanh(E) ⊙ gate(N) lies in (−1, 1) and is NOT normalised over keys: a
+query can add (+1), subtract (−1) or delete (0) each value. E is an ordinary similarity (dot
+product); N ≤ 0 is a dissimilarity, the negative L1 distance, whose gate erases pairs that are far
+apart. The paper's letters are kept: E affinity, N negative affinity, M quasi-attention, α and β
+temperatures.
 
-* Transformer form (paper Eq. 10; docs/coda.md §3), ``CoDAttention``, a drop-in for ``MultiHeadAttention``
-  with the same parameters: per head, E = α Q Kᵀ/√d_k, N = β G/√d_k with G_ij = −Σ_c |Q_ic − K_jc|,
-  Out = (tanh(E) ⊙ 2σ(N) ⊙ mask) V, heads concatenated, then W_o.
+* Transformer form (paper Eq. 10; docs/coda.md §3), ``CoDAttention``, a drop-in for
+  ``MultiHeadAttention`` with the same parameters: per head, E = α Q Kᵀ/√d_k, N = β G/√d_k with G_ij
+  = −Σ_c |Q_ic − K_jc|, Out = (tanh(E) ⊙ 2σ(N) ⊙ mask) V, heads concatenated, then W_o.
 * Pairwise form (paper Eqs. 1–7; docs/coda.md §2), ``PairwiseCoDA``: A′ = M B and B′ = Mᵀ A.
 
-Gate (the paper's range fix): "scaled" 2σ(N) ∈ (0, 1] (Eq. 5, the default) or "centered" σ(N − Mean N)
-(Eq. 4); ``center_e`` also centres E (Eq. 6). Mean(·) is over the valid entries of each (sample, head)
-matrix (docs/coda.md §2), except with ``row_mean`` (decoder self- and cross-attention): a matrix-wide mean
-would let position i see later positions, so each query row is centred over its own keys (project
-choice). ``composition`` selects the paper's Table 9 variants F_X(E) ⊙ F_Y(N) (one flag, "tanh-sigmoid"
-by default). Masks are True where attention is allowed and are multiplicative: a masked key gets weight
-exactly 0 — never a −∞ logit, since tanh(−∞) = −1 would subtract it — so a fully masked row reads nothing.
+Gate (the paper's range fix): "scaled" 2σ(N) ∈ (0, 1] (Eq. 5, the default) or "centered" σ(N − Mean
+N) (Eq. 4); ``center_e`` also centres E (Eq. 6). Mean(·) is over the valid entries of each (sample,
+head) matrix (docs/coda.md §2), except with ``row_mean`` (decoder self- and cross-attention): a
+matrix-wide mean would let position i see later positions, so each query row is centred over its own
+keys (project choice). ``composition`` selects the paper's Table 9 variants F_X(E) ⊙ F_Y(N) (one
+flag, "tanh-sigmoid" by default). Masks are True where attention is allowed and are multiplicative:
+a masked key gets weight exactly 0 — never a −∞ logit, since tanh(−∞) = −1 would subtract it — so a
+fully masked row reads nothing.
 
-Memory: the L1 distance is one fused op (``L1Distance``) that walks over blocks of (sample, head) slabs
-or of query rows. Besides its (…, T_q, T_k) result it holds at most two temporaries of ``L1_BLOCK``
-elements (or of one query row, T_k·d_k, where that is larger); its backward recomputes the signs and
-saves only Q and K. The composite ``l1_distance_reference`` keeps the (B, H, T_q, T_k, d_k) differences
-for the backward, d_k times the attention matrix; the tests check that both agree, and the fused peak.
+Memory: the L1 distance is one fused op (``L1Distance``) that walks over blocks of (sample, head)
+slabs or of query rows. Besides its (…, T_q, T_k) result it holds at most two temporaries of
+``L1_BLOCK`` elements (or of one query row, T_k·d_k, where that is larger); its backward recomputes
+the signs and saves only Q and K. The composite ``l1_distance_reference`` keeps the (B, H, T_q, T_k,
+d_k) differences for the backward, d_k times the attention matrix; the tests check that both agree,
+and the fused peak.
 """
 import math
 from dataclasses import dataclass
@@ -37,8 +40,9 @@ from ..engine import Function
 from ..nn import Linear, Module
 from .multihead import MultiHeadAttention, attention_mask
 
-# Elements per block of the fused L1 distance: 512 KiB of float32 stays in a CPU's cache (~2× faster than
-# one big block on the 2-core machine); a GPU wants few, large kernels. Tests pass small ``block``s.
+# Elements per block of the fused L1 distance: 512 KiB of float32 stays in a CPU's cache (~2× faster
+# than one big block on the 2-core machine); a GPU wants few, large kernels. Tests pass small
+# ``block``s.
 L1_BLOCK, L1_BLOCK_GPU = 1 << 17, 1 << 24
 GATES = ("scaled", "centered")
 
@@ -51,7 +55,8 @@ class L1Distance(Function):
         self.block = block
 
     def _blocks(self, N, T_q, T_k, d, xp):
-        """(n0, n1, i0, i1): whole (sample, head) slabs while one fits in a block, else query rows of one."""
+        """(n0, n1, i0, i1): whole (sample, head) slabs while one fits in a block, else query rows
+        of one."""
         rows = max(1, (self.block or (L1_BLOCK if xp is np else L1_BLOCK_GPU)) // (T_k * d))
         if rows >= T_q:
             return [(n, min(n + rows // T_q, N), 0, T_q) for n in range(0, N, rows // T_q)]
@@ -65,7 +70,8 @@ class L1Distance(Function):
         for n0, n1, i0, i1 in self._blocks(N, T_q, T_k, d, xp):
             diff = q[n0:n1, i0:i1, None, :] - k[n0:n1, None, :, :]                    # (n, i, T_k, d)
             xp.abs(diff, out=diff)
-            # Σ_c as a matrix-vector product: ~8× faster here than NumPy's .sum(-1) over a short last axis.
+            # Σ_c as a matrix-vector product: ~8× faster here than NumPy's .sum(-1) over a short
+            # last axis.
             D[n0:n1, i0:i1] = (diff.reshape(-1, d) @ ones).reshape(n1 - n0, i1 - i0, T_k)
         return D
 
@@ -84,7 +90,8 @@ class L1Distance(Function):
 
 
 def l1_distance(q, k, block=None):
-    """Σ_c |q_ic − k_jc| for q (..., T_q, d) and k (..., T_k, d) with the same leading dims → (..., T_q, T_k)."""
+    """Σ_c |q_ic − k_jc| for q (..., T_q, d) and k (..., T_k, d) with the same leading dims →
+    (..., T_q, T_k)."""
     if q.shape[:-2] != k.shape[:-2] or q.shape[-1] != k.shape[-1]:
         raise ValueError(f"l1_distance: shapes {q.shape} and {k.shape} differ outside the T_q/T_k axis")
     *lead, T_q, d = q.shape
@@ -93,7 +100,8 @@ def l1_distance(q, k, block=None):
 
 
 def l1_distance_reference(q, k):
-    """The composite definition: materialises the (..., T_q, T_k, d) differences (tests compare against it)."""
+    """The composite definition: materialises the (..., T_q, T_k, d) differences (tests compare
+    against it)."""
     return (q[..., :, None, :] - k[..., None, :, :]).abs().sum(axis=-1)
 
 
@@ -108,9 +116,10 @@ class Arctan(Function):
         return gy / (1 + self.x * self.x)
 
 
-# Paper Table 9, M = F_X(E) ⊙ F_Y(N), read literally: F_Y replaces the gate's σ, and the factor 2 of Eq. 5
-# stays with σ (it undoes σ(0) = 1/2; the others map 0 to 0). arctan is rescaled by 2/π and "algebraic"
-# is x/√(1 + x²), both project choices (docs/coda.md §4). With σ(E), weights are never negative.
+# Paper Table 9, M = F_X(E) ⊙ F_Y(N), read literally: F_Y replaces the gate's σ, and the factor 2 of
+# Eq. 5 stays with σ (it undoes σ(0) = 1/2; the others map 0 to 0). arctan is rescaled by 2/π and
+# "algebraic" is x/√(1 + x²), both project choices (docs/coda.md §4). With σ(E), weights are never
+# negative.
 E_FUNCTIONS = {"tanh": F.tanh, "sigmoid": F.sigmoid}
 N_FUNCTIONS = {"sigmoid": F.sigmoid, "tanh": F.tanh, "arctan": lambda n: Arctan()(n) * (2 / math.pi),
                "algebraic": lambda n: n * (n * n + 1.0) ** -0.5}
@@ -118,8 +127,9 @@ COMPOSITIONS = tuple(f"{e}-{n}" for e in E_FUNCTIONS for n in N_FUNCTIONS)
 
 
 def masked_mean(x, valid, axes):
-    """Mean of x over ``axes`` (kept) counting only entries where ``valid`` (broadcastable bool; None: all).
-    Masked entries are selected away, never multiplied by 0 (inf · 0 is NaN); an empty selection has mean 0."""
+    """Mean of x over ``axes`` (kept) counting only entries where ``valid`` (broadcastable bool;
+    None: all). Masked entries are selected away, never multiplied by 0 (inf · 0 is NaN); an empty
+    selection has mean 0."""
     if valid is None:
         return x.mean(axis=axes, keepdims=True)
     xp = backend.array_module(x.data)
@@ -129,8 +139,9 @@ def masked_mean(x, valid, axes):
 
 def quasi_attention(E, N, mask=None, stats=None, gate="scaled", center_e=False, composition="tanh-sigmoid",
                     row_mean=False):
-    """(M, gate): M = F_X(E) ⊙ gate(N) ⊙ mask (paper Eqs. 3–6; docs/coda.md §3). ``stats`` marks the entries that
-    count in Mean(·) (default: ``mask``); ``row_mean`` takes Mean(·) per query row instead of per matrix."""
+    """(M, gate): M = F_X(E) ⊙ gate(N) ⊙ mask (paper Eqs. 3–6; docs/coda.md §3). ``stats`` marks the
+    entries that count in Mean(·) (default: ``mask``); ``row_mean`` takes Mean(·) per query row
+    instead of per matrix."""
     f_e, f_n = (fns[name] for fns, name in zip((E_FUNCTIONS, N_FUNCTIONS), composition.split("-")))
     axes, stats = (-1,) if row_mean else (-2, -1), mask if stats is None else stats
     if center_e:
@@ -155,9 +166,11 @@ def _check_options(gate, composition, alpha, beta):
 
 @dataclass
 class CoDAConfig:
-    """CoDA's options as fields of a model configuration (so ``--set coda_beta=0.18`` reaches them)."""
+    """CoDA's options as fields of a model configuration (so ``--set coda_beta=0.18`` reaches
+    them)."""
     coda_alpha: float = 1.0                  # α, temperature of E
-    coda_beta: float = 1.0                   # β, temperature of N; < 1 opens the gate at init (docs/coda.md §3)
+    # β, temperature of N; < 1 opens the gate at init (docs/coda.md §3)
+    coda_beta: float = 1.0
     coda_gate: str = "scaled"                # "scaled": 2σ(N) (Eq. 5); "centered": σ(N − Mean N) (Eq. 4)
     coda_center_e: bool = False              # E ← E − Mean(E) (Eq. 6)
     coda_scale: bool = True                  # the 1/√d_k of E and N (paper footnote 3 allows dropping it)
@@ -165,15 +178,17 @@ class CoDAConfig:
 
 
 class CoDAttention(MultiHeadAttention):
-    """CoDA in the Transformer (paper Eq. 10): MultiHeadAttention's projections and interface (key_mask,
-    causal, context, kv, return_weights, record → ``last_weights`` = M and ``last_gate``), with softmax
-    replaced by the quasi-attention M; no new parameters. While ``gate_log`` is a list, every call appends
-    its gate and the mask of its valid entries (``mean_gate``, ``gate_statistics``): at β = 1 the gate
-    starts almost closed (docs/coda.md §3)."""
+    """CoDA in the Transformer (paper Eq. 10): MultiHeadAttention's projections and interface
+    (key_mask, causal, context, kv, return_weights, record → ``last_weights`` = M and
+    ``last_gate``), with softmax replaced by the quasi-attention M; no new parameters. While
+    ``gate_log`` is a list, every call appends its gate and the mask of its valid entries
+    (``mean_gate``, ``gate_statistics``): at β = 1 the gate starts almost closed
+    (docs/coda.md §3)."""
     last_gate = gate_log = None
 
     def __init__(self, d_model, n_head, attention_dropout=0.0, rng=None, d_head=None, bias=False, alpha=1.0,
-                 beta=1.0, gate="scaled", center_e=False, scale=True, composition="tanh-sigmoid", row_mean=False,
+                 beta=1.0, gate="scaled", center_e=False, scale=True, composition="tanh-sigmoid",
+                 row_mean=False,
                  init="default"):
         _check_options(gate, composition, alpha, beta)
         super().__init__(d_model, n_head, attention_dropout, rng, d_head, bias, init)
@@ -209,8 +224,9 @@ class CoDAttention(MultiHeadAttention):
 
 
 def gate_values(model, run):
-    """{module name: its gate entries that count (valid keys and queries), as one host array} for every
-    CoDAttention call that ``run()`` makes in ``model`` (a module called several times: all calls)."""
+    """{module name: its gate entries that count (valid keys and queries), as one host array} for
+    every CoDAttention call that ``run()`` makes in ``model`` (a module called several times: all
+    calls)."""
     mods = {}
     for name, m in model.named_modules():
         if isinstance(m, CoDAttention) and all(m is not other for other in mods.values()):
@@ -230,28 +246,31 @@ def gate_values(model, run):
 
 
 def mean_gate(model, run):
-    """Mean gate of every CoDAttention call that ``run()`` makes in ``model`` (each call's mean over its
-    valid entries, averaged over calls): the number the training logs report as ``gate_mean``."""
+    """Mean gate of every CoDAttention call that ``run()`` makes in ``model`` (each call's mean over
+    its valid entries, averaged over calls): the number the training logs report as
+    ``gate_mean``."""
     means = [v.mean() for calls in gate_values(model, run).values() for v in calls if v.size]
     return float(np.mean(means)) if means else float("nan")
 
 
 def gate_statistics(model, run, low=0.1, high=0.9):
-    """{module name: (mean gate, share of entries < low, share > high)} over every call ``run()`` makes,
-    and the same over all modules ("all"): does the gate keep or erase (near 1 or 0, the paper's argument,
-    docs/coda.md §3) or stay soft in between?"""
+    """{module name: (mean gate, share of entries < low, share > high)} over every call ``run()``
+    makes, and the same over all modules ("all"): does the gate keep or erase (near 1 or 0, the
+    paper's argument, docs/coda.md §3) or stay soft in between?"""
     values = {name: np.concatenate(calls) for name, calls in gate_values(model, run).items() if calls}
     values["all"] = np.concatenate(list(values.values()))
-    return {name: (float(v.mean()), float((v < low).mean()), float((v > high).mean())) for name, v in values.items()}
+    return {name: (float(v.mean()), float((v < low).mean()), float((v > high).mean()))
+            for name, v in values.items()}
 
 
 class PairwiseCoDA(Module):
-    """The pairwise (cross) form (paper Eqs. 1–7; docs/coda.md §2) for sequences A (B, ℓ_A, d) and B (B, ℓ_B, d):
+    """The pairwise (cross) form (paper Eqs. 1–7; docs/coda.md §2) for sequences A (B, ℓ_A, d) and B
+    (B, ℓ_B, d):
         E = α F_E(A) F_E(B)ᵀ,  N_ij = −β ‖F_N(a_i) − F_N(b_j)‖₁,  M = tanh(E) ⊙ gate(N),  A′ = M B,  B′ = Mᵀ A
-    F_E, F_N are linear maps d → d_proj (``shared``: F_N = F_E); no 1/√d (Eqs. 1–2 have none: use α, β).
-    The raw sequences are pooled, with no value projection (Eq. 7). Masks (B, ℓ) mark real positions.
-    Self-attention with ``shared`` (A = B) puts N's diagonal exactly on the kink of |·|: its backward
-    there uses sign(0) = 0."""
+    F_E, F_N are linear maps d → d_proj (``shared``: F_N = F_E); no 1/√d (Eqs. 1–2 have none: use α,
+    β). The raw sequences are pooled, with no value projection (Eq. 7). Masks (B, ℓ) mark real
+    positions. Self-attention with ``shared`` (A = B) puts N's diagonal exactly on the kink of |·|:
+    its backward there uses sign(0) = 0."""
 
     def __init__(self, d, d_proj=None, alpha=1.0, beta=1.0, gate="scaled", center_e=False,
                  composition="tanh-sigmoid", shared=False, rng=None):
@@ -259,7 +278,8 @@ class PairwiseCoDA(Module):
         rng = rng or np.random.default_rng(0)
         self.f_e = Linear(d, d_proj or d, bias=False, rng=rng)
         self.f_n = self.f_e if shared else Linear(d, d_proj or d, bias=False, rng=rng)
-        self.alpha, self.beta, self.gate, self.center_e, self.composition = alpha, beta, gate, center_e, composition
+        self.alpha, self.beta, self.gate = alpha, beta, gate
+        self.center_e, self.composition = center_e, composition
 
     def forward(self, a, b, a_mask=None, b_mask=None, return_weights=False):
         ea, eb = self.f_e(a), self.f_e(b)

@@ -4,11 +4,11 @@
     Attention(Q, K, V) = softmax(Q Kᵀ / sqrt(d_head)) V,   per head, heads concatenated, then W_o
 
 Masks are boolean arrays that are True where attention is ALLOWED: ``key_mask`` (B, T_k) marks the
-real (unpadded) keys; ``causal=True`` additionally forbids keys after the query. Forbidden logits are
-replaced by a large finite negative (not −inf), so even a fully masked row stays finite.
-Following the NDR code, the projections have no bias, queries and the fused key|value projection
-are Xavier-initialised, and W_o uses the default Linear init. The plain softmax attention of that
-code applies no attention dropout; ``attention_dropout`` (on the weights) defaults to 0.
+real (unpadded) keys; ``causal=True`` additionally forbids keys after the query. Forbidden logits
+are replaced by a large finite negative (not −inf), so even a fully masked row stays finite.
+Following the NDR code, the projections have no bias, queries and the fused key|value projection are
+Xavier-initialised, and W_o uses the default Linear init. The plain softmax attention of that code
+applies no attention dropout; ``attention_dropout`` (on the weights) defaults to 0.
 """
 import math
 
@@ -27,7 +27,8 @@ def check_init(init):
 
 
 def attention_mask(key_mask, T_q, T_k, causal, like):
-    """Boolean mask broadcastable to (B, 1, T_q, T_k), True = may attend; None when nothing is masked."""
+    """Boolean mask broadcastable to (B, 1, T_q, T_k), True = may attend; None when nothing is
+    masked."""
     xp = backend.array_module(like)
     mask = None if key_mask is None else key_mask[:, None, None, :]
     if causal:
@@ -37,7 +38,8 @@ def attention_mask(key_mask, T_q, T_k, causal, like):
 
 
 def masked_softmax(logits, key_mask=None, causal=False):
-    """softmax over the keys of logits (B, H, T, S); forbidden keys get the finite F.MASKED logit."""
+    """softmax over the keys of logits (B, H, T, S); forbidden keys get the finite F.MASKED
+    logit."""
     mask = attention_mask(key_mask, logits.shape[-2], logits.shape[-1], causal, logits.data)
     if mask is not None:
         logits = F.masked_fill(logits, ~mask, F.MASKED)
@@ -47,11 +49,13 @@ def masked_softmax(logits, key_mask=None, causal=False):
 class MultiHeadAttention(Module):
     last_weights = None
 
-    def __init__(self, d_model, n_head, attention_dropout=0.0, rng=None, d_head=None, bias=False, init="default"):
-        """``d_head`` (default d_model / n_head) and ``bias`` (on q, k, v and o, initialised to 0) give
-        the Keras layer of the Abstractor code, whose heads are each d_model wide (docs/abstractor.md §5).
-        ``init="keras"`` draws the kernels as that layer does: Glorot-uniform with the fans of its
-        (d_model, H, d_head) and (H, d_head, d_model) kernels (docs/abstractor.md §5.1)."""
+    def __init__(self, d_model, n_head, attention_dropout=0.0, rng=None, d_head=None, bias=False,
+                 init="default"):
+        """``d_head`` (default d_model / n_head) and ``bias`` (on q, k, v and o, initialised to 0)
+        give the Keras layer of the Abstractor code, whose heads are each d_model wide
+        (docs/abstractor.md §5). ``init="keras"`` draws the kernels as that layer does:
+        Glorot-uniform with the fans of its (d_model, H, d_head) and (H, d_head, d_model) kernels
+        (docs/abstractor.md §5.1)."""
         check_init(init)
         rng = rng or np.random.default_rng(0)
         self.n_head, self.d_head = n_head, d_head or head_size(d_model, n_head)
@@ -64,15 +68,16 @@ class MultiHeadAttention(Module):
         self.b_q = Parameter(np.zeros(inner, backend.DEFAULT_DTYPE)) if bias else None
         self.b_kv = Parameter(np.zeros(2 * inner, backend.DEFAULT_DTYPE)) if bias else None
         o_fans = keras_fans((n_head, self.d_head, d_model))
-        w_o = xavier_uniform(rng, *o_fans, shape=(inner, d_model)) if keras else None   # None: Linear's own init
+        # None: Linear's own init
+        w_o = xavier_uniform(rng, *o_fans, shape=(inner, d_model)) if keras else None
         self.out = Linear(inner, d_model, bias=bias, rng=rng, weight=w_o)
         if bias:
             self.out.bias.data[:] = 0
         self.dropout = Dropout(attention_dropout)
 
     def kv(self, context):
-        """Keys and values of ``context`` (B, S, C), each (B, H, S, d_head). A decoder projects a fixed
-        context once and passes them to every step (``forward(..., kv=...)``)."""
+        """Keys and values of ``context`` (B, S, C), each (B, H, S, d_head). A decoder projects a
+        fixed context once and passes them to every step (``forward(..., kv=...)``)."""
         B, S, C = context.shape
         kv = context.reshape(B * S, C) @ self.w_kv
         if self.b_kv is not None:
@@ -81,7 +86,8 @@ class MultiHeadAttention(Module):
         return kv[0], kv[1]
 
     def project(self, x, context=None, kv=None):
-        """Queries (B, H, T, dh) from x; keys and values (B, H, S, dh) from ``kv`` or the context."""
+        """Queries (B, H, T, dh) from x; keys and values (B, H, S, dh) from ``kv`` or the
+        context."""
         B, T, C = x.shape
         q = x.reshape(B * T, C) @ self.w_q
         if self.b_q is not None:
@@ -91,8 +97,8 @@ class MultiHeadAttention(Module):
         return q, k, v
 
     def forward(self, x, context=None, key_mask=None, causal=False, return_weights=False, kv=None):
-        """x (B, T, C) queries; context (B, S, C) keys/values (default: x, self-attention), or ``kv``, the
-        context's keys and values already projected by ``kv()``."""
+        """x (B, T, C) queries; context (B, S, C) keys/values (default: x, self-attention), or
+        ``kv``, the context's keys and values already projected by ``kv()``."""
         B, T, C = x.shape
         H, dh = self.n_head, self.d_head
         q, k, v = self.project(x, context, kv)

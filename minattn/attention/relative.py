@@ -1,6 +1,7 @@
 """Transformer-XL relative multi-head attention (Dai et al. 2019, §3.3, the four terms (a)–(d)) and
 the NDR paper's gated absolute/relative variant (Csordás et al. 2022, Appendix A, term (e)); design
-note docs/ndr.md §4.2–4.3 (the official code: layers/transformer/multi_head_relative_pos_attention.py).
+note docs/ndr.md §4.2–4.3 (the official code:
+layers/transformer/multi_head_relative_pos_attention.py).
 
     logit_ij = α · [ (q_i + u)·k̃_j  +  (q_i + v)·r̃_{j−i} ]            (a)+(c), (b)+(d)
 
@@ -11,7 +12,8 @@ mixes relative and absolute key positions in the position term:
 
     (q_i + v)·[ g_i · r̃_{j−i} + (1 − g_i) · r̃^abs_j ],   r^abs_j = W_R PE(j)       (e)
 
-The content term is never gated. A softmax over keys with the padding mask follows, as in multihead.py.
+The content term is never gated. A softmax over keys with the padding mask follows, as in
+multihead.py.
 """
 import math
 
@@ -53,17 +55,23 @@ class RelativeMultiHeadAttention(Module):
         B, T, C = x.shape
         H, dh = self.n_head, self.d_head
         pe = self._positions(T, x.data)
-        q = (x.reshape(B * T, C) @ self.w_q).reshape(B, T, H, dh).transpose(0, 2, 1, 3)          # (B, H, T, dh)
+        # (B, H, T, dh)
+        q = (x.reshape(B * T, C) @ self.w_q).reshape(B, T, H, dh).transpose(0, 2, 1, 3)
         kv = (x.reshape(B * T, C) @ self.w_kv).reshape(B, T, 2, H, dh).transpose(2, 0, 3, 1, 4)
         k, v = self.key_dropout(kv[0]), kv[1]
-        r = self.pos_dropout((pe @ self.w_r).reshape(2 * T - 1, H, dh).transpose(1, 0, 2))       # (H, 2T−1, dh)
-        content = (q + self.u) @ k.swapaxes(-1, -2)                                              # (a)+(c): (B, H, T, T)
+        # (H, 2T−1, dh)
+        r = self.pos_dropout((pe @ self.w_r).reshape(2 * T - 1, H, dh).transpose(1, 0, 2))
+        # (a)+(c): (B, H, T, T)
+        content = (q + self.u) @ k.swapaxes(-1, -2)
         qv = q + self.v
-        position = rel_shift(qv @ r.swapaxes(-1, -2))                                            # (b)+(d): (B, H, T, T)
+        # (b)+(d): (B, H, T, T)
+        position = rel_shift(qv @ r.swapaxes(-1, -2))
         if self.abs_gate is not None:
             r_abs = r[:, T - 1:]                                  # offsets 0..T−1 = absolute positions j
-            absolute = qv @ r_abs.swapaxes(-1, -2)                                               # (B, H, T, T)
-            g = F.sigmoid(self.abs_gate(x)).transpose(0, 2, 1)[..., None]                        # (B, H, T, 1)
+            # (B, H, T, T)
+            absolute = qv @ r_abs.swapaxes(-1, -2)
+            # (B, H, T, 1)
+            g = F.sigmoid(self.abs_gate(x)).transpose(0, 2, 1)[..., None]
             position = g * position + (1 - g) * absolute                                        # (e)
         A = masked_softmax(self.alpha * (content + position), key_mask, causal)
         if self.record:  # kept for analysis and plots (see UniversalEncoder's trace)
@@ -73,12 +81,13 @@ class RelativeMultiHeadAttention(Module):
 
 
 def rel_shift(by_offset):
-    """position[..., i, j] = by_offset[..., i, j − i + T − 1]: the scores of each query against the 2T − 1
-    offsets (−(T−1)..T−1) to those against the T keys, by views alone (Dai et al. 2019, Appendix B's
-    shift). Row i starts at column T − 1 − i, so in the flattened (T, 2T − 1) block the entry (i, j) sits
-    at T − 1 + i·(2T − 2) + j: drop the first T − 1 entries, read rows of 2T − 2, keep the first T columns.
-    A gather with an index table did the same, but its gradient is a scatter-add (on a GPU a one-hot
-    matmul with T²·T(2T − 1) entries); the gradient of views is the same views of zeros."""
+    """position[..., i, j] = by_offset[..., i, j − i + T − 1]: the scores of each query against the
+    2T − 1 offsets (−(T−1)..T−1) to those against the T keys, by views alone (Dai et al. 2019,
+    Appendix B's shift). Row i starts at column T − 1 − i, so in the flattened (T, 2T − 1) block the
+    entry (i, j) sits at T − 1 + i·(2T − 2) + j: drop the first T − 1 entries, read rows of 2T − 2,
+    keep the first T columns. A gather with an index table did the same, but its gradient is a
+    scatter-add (on a GPU a one-hot matmul with T²·T(2T − 1) entries); the gradient of views is the
+    same views of zeros."""
     *lead, T, n = by_offset.shape
     if T == 1:
         return by_offset

@@ -10,9 +10,9 @@ Every task is generated in code from a seed (no downloads) and holds fixed data:
     split.describe()                      a one-line summary after the size (what ``tasks.py stats`` prints)
     task.export_files()                   {file name: lines}: one file per split (+ objects.tsv for object tasks)
 
-Training batches come in one shape: ``batches(batch_size, rng, ...)``, an endless generator of host batches
-that is a pure function of ``rng``, on what holds the training data. On top of that, each kind of task carries
-what its models read; the recipes (minattn/lab/recipes/) use these directly:
+Training batches come in one shape: ``batches(batch_size, rng, ...)``, an endless generator of host
+batches that is a pure function of ``rng``, on what holds the training data. On top of that, each
+kind of task carries what its models read; the recipes (minattn/lab/recipes/) use these directly:
 
     kind (module)                         tasks                     a split holds             batches from
     token classification (ndr, listops)   ctl, ctl-backward,        inputs (Ragged), labels,  split.batches(B, rng, mode)
@@ -24,7 +24,8 @@ what its models read; the recipes (minattn/lab/recipes/) use these directly:
     retrieval (compositional)             retrieval                 a seeded sample per pool  task.batches(B, rng, pool)
 
 ``retrieval`` has no fixed data (each training step draws a fresh batch), so its splits are seeded
-samples of its three pools made only when read. Nothing in this package imports tasks.py or train.py.
+samples of its three pools made only when read. Nothing in this package imports tasks.py or
+train.py.
 """
 from .base import Ragged, Task
 from .classification import ClassificationSplit, ClassificationTask, batches, collate, eval_batches
@@ -36,9 +37,11 @@ from .compositional import RetrievalTask
 from .seq2attn import SCAN_SPLITS, LookupTask, ScanTask, Seq2SeqSplit, scan_split
 
 __all__ = ["TASKS", "get_task", "Task", "Ragged",
-           "ClassificationSplit", "ClassificationTask", "batches", "collate", "eval_batches",  # token classification
+           # token classification
+           "ClassificationSplit", "ClassificationTask", "batches", "collate", "eval_batches",
            "CTLTask", "CTLBackwardTask", "ArithTask", "ListOpsTask",
-           "Seq2SeqSplit", "LookupTask", "ScanTask", "SCAN_SPLITS", "scan_split", "MLUTask",   # sequence to sequence
+           # sequence to sequence
+           "Seq2SeqSplit", "LookupTask", "ScanTask", "SCAN_SPLITS", "scan_split", "MLUTask",
            "ObjectSplit", "SortTask", "PairwiseOrderTask", "SetTask", "epoch_batches", "is_set",  # objects
            "RetrievalTask"]
 

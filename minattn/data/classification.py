@@ -1,8 +1,8 @@
 """Token-sequence classification (the NDR paper's tasks): splits, batching and the disk cache.
 
-Every task here is a ClassificationTask: a vocabulary of input tokens, a list of classes and four named
-splits: ``train``, ``iid`` (reported IID), ``valid`` (deeper, model selection) and ``test`` (deepest,
-reported "Test"/"Longer").
+Every task here is a ClassificationTask: a vocabulary of input tokens, a list of classes and four
+named splits: ``train``, ``iid`` (reported IID), ``valid`` (deeper, model selection) and ``test``
+(deepest, reported "Test"/"Longer").
 
     task = get_task("ctl")                        # generated once, then cached on disk
     train = batches(task.splits["train"], 512, np.random.default_rng(0), "bucketed")   # endless
@@ -14,9 +14,9 @@ Token ids: the task's input tokens are 0..V-1 (V = len(task.vocab)); the model a
 SOS = V+1 (docs/ndr.md §1). Depths are given in the paper's convention: the number of operations
 (CTL: composition length; arithmetic: code depth - 1; ListOps: dependency depth - 1).
 
-Generated data is cached under ``cache_dir`` (default: $MINATTN_CACHE or ~/.cache/minattn) in an .npz
-file named by a hash of every generation parameter; it is written atomically, and an unreadable file
-is regenerated.
+Generated data is cached under ``cache_dir`` (default: $MINATTN_CACHE or ~/.cache/minattn) in an
+.npz file named by a hash of every generation parameter; it is written atomically, and an unreadable
+file is regenerated.
 """
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ FORMAT_VERSION = 1  # bump whenever a generator or the file layout changes: old 
 
 @dataclass
 class ClassificationSplit:
-    """One split: ``inputs[i]`` (token ids, no SOS/EOS) has class ``labels[i]`` and paper depth ``depths[i]``."""
+    """One split: ``inputs[i]`` (token ids, no SOS/EOS) has class ``labels[i]`` and paper depth
+    ``depths[i]``."""
     inputs: Ragged          # N sequences of int64 ids in 0..V-1 (a list of arrays works too)
     labels: np.ndarray      # (N,) int64 class ids
     depths: np.ndarray      # (N,) int64 depth in the paper's convention (number of operations)
@@ -69,8 +70,8 @@ class ClassificationSplit:
 class ClassificationTask(Task):
     """Base class: vocabulary, classes and the splits of one task.
 
-    Subclasses set the class attributes and implement ``_params`` (every generation parameter, hashed
-    into the cache file name) and ``_generate`` (returns {split: ClassificationSplit}).
+    Subclasses set the class attributes and implement ``_params`` (every generation parameter,
+    hashed into the cache file name) and ``_generate`` (returns {split: ClassificationSplit}).
     """
     name: str = ""
     vocab: list = []          # input tokens; id = index
@@ -111,7 +112,8 @@ class ClassificationTask(Task):
 
     def __repr__(self):
         sizes = ", ".join(f"{k}={len(v)}" for k, v in self.splits.items())
-        return f"<{type(self).__name__} {self.name!r}: V={len(self.vocab)}, {len(self.classes)} classes, {sizes}>"
+        return (f"<{type(self).__name__} {self.name!r}: V={len(self.vocab)}, {len(self.classes)} classes, "
+                f"{sizes}>")
 
 
 def make_split(seqs, labels, depths) -> ClassificationSplit:
@@ -124,8 +126,8 @@ def make_split(seqs, labels, depths) -> ClassificationSplit:
 # ----------------------------------------------------------------------------------------------------
 
 def collate(seqs, V: int):
-    """Sequences -> (x, lengths): x (B, T) int64 rows [SOS, x_1..x_n, EOS] right-padded with 0 to the
-    longest row, lengths (B,) = n + 2. EOS = V, SOS = V + 1."""
+    """Sequences -> (x, lengths): x (B, T) int64 rows [SOS, x_1..x_n, EOS] right-padded with 0 to
+    the longest row, lengths (B,) = n + 2. EOS = V, SOS = V + 1."""
     if isinstance(seqs, Ragged):
         return _collate_ragged(seqs, np.arange(len(seqs)), V)
     lengths = np.array([len(s) for s in seqs], dtype=np.int64) + 2
@@ -161,14 +163,14 @@ def batches(split: ClassificationSplit, batch_size: int, rng: np.random.Generato
             V: int = None):
     """Endless training batches (x, lengths, y) of exactly batch_size samples (layout: see collate).
 
-    mode "bucketed" (the official code's, docs/ndr.md §6): each pass shuffles the split, drops the remainder,
-    stable-sorts by input length, cuts consecutive batches and visits them in random order, so each sample
-    appears at most once per pass and padding is rare. mode "random": batch_size indices uniformly with
-    replacement.
-    mode "balanced": each batch draws one depth uniformly and batch_size samples of it with replacement.
-    mode "stratified": every sample draws its depth uniformly (then a sample of it), so batches mix depths.
-    All randomness comes from rng, so a seeded Generator gives the same stream. V defaults to
-    split.vocab_size. Bad arguments raise ValueError here, not at the first batch.
+    mode "bucketed" (the official code's, docs/ndr.md §6): each pass shuffles the split, drops the
+    remainder, stable-sorts by input length, cuts consecutive batches and visits them in random
+    order, so each sample appears at most once per pass and padding is rare. mode "random":
+    batch_size indices uniformly with replacement. mode "balanced": each batch draws one depth
+    uniformly and batch_size samples of it with replacement. mode "stratified": every sample draws
+    its depth uniformly (then a sample of it), so batches mix depths. All randomness comes from rng,
+    so a seeded Generator gives the same stream. V defaults to split.vocab_size. Bad arguments raise
+    ValueError here, not at the first batch.
     """
     if mode not in ("bucketed", "random", "balanced", "stratified"):
         raise ValueError(f"unknown batching mode {mode!r} (valid: bucketed, random, balanced, stratified)")
@@ -187,9 +189,9 @@ def _batches(split, batch_size, rng, mode, V):
             idx = rng.integers(0, N, batch_size)
             yield (*_collate_ragged(as_ragged, idx, V), labels[idx])
     if mode in ("balanced", "stratified"):
-        # Not in the papers: cpu-budget choices. Depths are drawn uniformly, so shallow samples (1% of CTL's
-        # train split) are seen as often as deep ones: one depth per batch ("balanced"), or one per sample
-        # ("stratified": every batch mixes depths, padded to its deepest sample).
+        # Not in the papers: cpu-budget choices. Depths are drawn uniformly, so shallow samples (1%
+        # of CTL's train split) are seen as often as deep ones: one depth per batch ("balanced"), or
+        # one per sample ("stratified": every batch mixes depths, padded to its deepest sample).
         by_depth = np.argsort(split.depths, kind="stable")                 # sample indices, grouped by depth
         sizes = np.unique(split.depths, return_counts=True)[1]
         starts = np.cumsum(sizes) - sizes
@@ -208,9 +210,9 @@ def _batches(split, batch_size, rng, mode, V):
 
 
 def eval_batches(split: ClassificationSplit, batch_size: int, V: int = None, return_index: bool = False):
-    """One deterministic pass over the split: (x, lengths, y) batches in order of input length (stable),
-    the last one partial. With return_index=True each batch also carries the sample indices (e.g. to
-    look up split.depths for per-depth accuracy)."""
+    """One deterministic pass over the split: (x, lengths, y) batches in order of input length
+    (stable), the last one partial. With return_index=True each batch also carries the sample
+    indices (e.g. to look up split.depths for per-depth accuracy)."""
     V = _vocab_size(split, V)
     inputs = split.inputs if isinstance(split.inputs, Ragged) else Ragged.from_list(list(split.inputs))
     order = np.argsort(inputs.lengths, kind="stable")
@@ -233,7 +235,8 @@ def _meta(name: str, params: dict) -> str:
 
 
 def cache_path(name: str, params: dict, cache_dir=None) -> str:
-    """The cache file of a dataset: its name hashes the format version and every generation parameter."""
+    """The cache file of a dataset: its name hashes the format version and every generation
+    parameter."""
     digest = hashlib.sha256(_meta(name, params).encode()).hexdigest()[:16]
     return os.path.join(cache_dir or default_cache_dir(), f"{name}-{digest}.npz")
 
@@ -241,8 +244,8 @@ def cache_path(name: str, params: dict, cache_dir=None) -> str:
 def load_or_generate(name: str, params: dict, generate, cache_dir=None) -> dict:
     """Load {split: ClassificationSplit} from the cache, or call generate() and cache its result.
 
-    A missing, truncated, corrupted or mismatching file is regenerated (with a warning unless missing);
-    failing to write the cache only warns.
+    A missing, truncated, corrupted or mismatching file is regenerated (with a warning unless
+    missing); failing to write the cache only warns.
     """
     path, meta = cache_path(name, params, cache_dir), _meta(name, params)
     if os.path.exists(path):
@@ -250,7 +253,8 @@ def load_or_generate(name: str, params: dict, generate, cache_dir=None) -> dict:
             return _load(path, meta, len(params["vocab"]), len(params["classes"]))
         except Exception as e:  # any damage (zip, CRC, header, shapes) just means "generate again"
             warnings.warn(f"unreadable cache file {path} ({type(e).__name__}: {e}); regenerating")
-    # a line on stderr whether or not it is a terminal (the tqdm bars are shown only on one): ListOps takes minutes
+    # a line on stderr whether or not it is a terminal (the tqdm bars are shown only on one):
+    # ListOps takes minutes
     print(f"generating {name} (once: it is then cached in {path})...", file=sys.stderr, flush=True)
     start = time.perf_counter()
     splits = generate()
@@ -271,7 +275,8 @@ def _save(path: str, meta: str, splits: dict):
         arrays[f"{k}.labels"] = s.labels
         arrays[f"{k}.depths"] = s.depths
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    # Write a temporary file in the same directory, then rename: readers never see a half-written file.
+    # Write a temporary file in the same directory, then rename: readers never see a half-written
+    # file.
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-", suffix=".npz")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -299,7 +304,8 @@ def _load(path: str, meta: str, V: int, n_classes: int) -> dict:
                   and np.all(tokens < V) and np.all((labels >= 0) & (labels < n_classes)))
             if not ok:
                 raise ValueError(f"split {k!r} is inconsistent")
-            splits[k] = ClassificationSplit(Ragged(tokens, offsets), labels.astype(np.int64), depths.astype(np.int64))
+            splits[k] = ClassificationSplit(Ragged(tokens, offsets), labels.astype(np.int64),
+                                            depths.astype(np.int64))
     return splits
 
 

@@ -1,4 +1,5 @@
-"""The Contextual Retrieval Task of Compositional Attention: fresh data every step, nothing on disk."""
+"""The Contextual Retrieval Task of Compositional Attention: fresh data every step, nothing on
+disk."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,12 +13,12 @@ RETRIEVAL_ALPHAS = (-0.71347752, -0.6062312, 0.66062073, -0.61213017, -0.8263187
 
 
 def retrieval_combinations(searches: int, retrievals: int):
-    """The deterministic OOD split of retrieval-choice combinations (docs/compositional.md §8): (train,
-    test), int arrays of shape (n, searches) whose row t makes search s retrieve t[s].
+    """The deterministic OOD split of retrieval-choice combinations (docs/compositional.md §8):
+    (train, test), int arrays of shape (n, searches) whose row t makes search s retrieve t[s].
 
-    All retrievals^searches tuples in lexicographic order; even positions go to train, odd ones to test;
-    then the first test tuples move to train until it holds floor(0.8 · all). For (2, 4): 12 train
-    tuples, test (2,1), (2,3), (3,1), (3,3) (paper Table 5).
+    All retrievals^searches tuples in lexicographic order; even positions go to train, odd ones to
+    test; then the first test tuples move to train until it holds floor(0.8 · all). For (2, 4): 12
+    train tuples, test (2,1), (2,3), (3,1), (3,3) (paper Table 5).
     """
     combos = np.indices((retrievals,) * searches).reshape(searches, -1).T    # = itertools.product order
     train, test = combos[0::2], combos[1::2]
@@ -26,11 +27,12 @@ def retrieval_combinations(searches: int, retrievals: int):
 
 
 class RetrievalTask(Task):
-    """Contextual Retrieval Task (Mittal et al. 2022, Appendix C.1, Eqs. 15–18; docs/compositional.md §7).
+    """Contextual Retrieval Task (Mittal et al. 2022, Appendix C.1, Eqs. 15–18;
+    docs/compositional.md §7).
 
     Each of N objects has S search features z and R retrieval features z̃, all N(0, 1). Object i's
-    search s finds its nearest neighbour j* along z[s], never i itself (Eq. 17; ties: lowest j),
-    and retrieves z̃_j*[r*(i, s)], where the retrieval choice r*(i, s) is part of i's input (Eq. 18);
+    search s finds its nearest neighbour j* along z[s], never i itself (Eq. 17; ties: lowest j), and
+    retrieves z̃_j*[r*(i, s)], where the retrieval choice r*(i, s) is part of i's input (Eq. 18);
     the label is y_i = Σ_s α_s · retrieved_s (Eq. 15). Worked example, S = R = 2, N = 3 (integer
     retrieval features for readability):
 
@@ -39,15 +41,16 @@ class RetrievalTask(Task):
           1        0.3  -2.0           7    8             .   .
           2        1.0   0.8           9   10             .   .
 
-    Object 0: search 0 finds object 1 (|0.3 − 0.0| < |1.0 − 0.0|) and retrieves z̃_1[1] = 8; search 1
-    finds object 2 (|0.8 − 1.0| = 0.2) and retrieves z̃_2[0] = 9; so y_0 = α_0·8 + α_1·9 = −11.1639.
-    Its input row is [z_0, z̃_0, onehot(1), onehot(0)] = [0, 1, 5, 6, 0, 1, 1, 0] (in_dim = S + R + S·R).
+    Object 0: search 0 finds object 1 (|0.3 − 0.0| < |1.0 − 0.0|) and retrieves z̃_1[1] = 8; search
+    1 finds object 2 (|0.8 − 1.0| = 0.2) and retrieves z̃_2[0] = 9; so y_0 = α_0·8 + α_1·9 =
+    −11.1639. Its input row is [z_0, z̃_0, onehot(1), onehot(0)] = [0, 1, 5, 6, 0, 1, 1, 0] (in_dim
+    = S + R + S·R).
 
     Modes: ``pool="all"`` draws every r*(i, s) uniformly (IID); ``"train"``/``"test"`` draw one
     combination per object from ``retrieval_combinations`` (OOD training/evaluation). There is no
-    fixed dataset: every ``batch`` is fresh, a pure function of the generator passed in. For the common
-    task interface, ``splits`` holds one ``RetrievalSample`` per pool: ``n_export`` samples drawn from
-    ``seed`` only when read (``tasks.py stats/export``); training never reads them.
+    fixed dataset: every ``batch`` is fresh, a pure function of the generator passed in. For the
+    common task interface, ``splits`` holds one ``RetrievalSample`` per pool: ``n_export`` samples
+    drawn from ``seed`` only when read (``tasks.py stats/export``); training never reads them.
     """
     name = "retrieval"
     pools = ("all", "train", "test")
@@ -68,7 +71,8 @@ class RetrievalTask(Task):
 
     def combinations(self, pool: str) -> np.ndarray:
         if self._combos is None:
-            self._combos = dict(zip(("train", "test"), retrieval_combinations(self.searches, self.retrievals)))
+            combos = retrieval_combinations(self.searches, self.retrievals)
+            self._combos = dict(zip(("train", "test"), combos))
         if not len(self._combos[pool]):
             raise ValueError(f"searches={self.searches}, retrievals={self.retrievals} leave no held-out "
                              "combination for the OOD test pool")
@@ -95,12 +99,14 @@ class RetrievalTask(Task):
             yield self.batch(batch_size, rng, pool)
 
     def labels(self, z: np.ndarray, prefs: np.ndarray) -> np.ndarray:
-        """y (B, N) from features z (B, N, S + R) and retrieval choices r* (B, N, S) (Eqs. 15–18)."""
+        """y (B, N) from features z (B, N, S + R) and retrieval choices r* (B, N, S)
+        (Eqs. 15–18)."""
         B, N, _ = z.shape
         S = self.searches
         dist = np.abs(z[:, :, None, :S] - z[:, None, :, :S])                # (B, i, j, S)
         dist[:, np.arange(N), np.arange(N)] = np.inf                        # j ≠ i
-        nearest = dist.argmin(axis=2)                                       # (B, N, S); argmin: lowest j on ties
+        # (B, N, S); argmin: lowest j on ties
+        nearest = dist.argmin(axis=2)
         retrieved = z[np.arange(B)[:, None, None], nearest, S + prefs]      # z̃_j*[r*]   (B, N, S)
         return retrieved @ self.alphas
 
@@ -119,7 +125,8 @@ class RetrievalSample:
     @property
     def lines(self) -> list:
         x, y, _ = self.task.batch(self.n, rng_for(self.seed, f"retrieval/{self.pool}"), self.pool)
-        return [" | ".join(" ".join(f"{v:.4g}" for v in row) for row in xs) + "\t" + " ".join(f"{v:.4g}" for v in ys)
+        return [" | ".join(" ".join(f"{v:.4g}" for v in row)
+                           for row in xs) + "\t" + " ".join(f"{v:.4g}" for v in ys)
                 for xs, ys in zip(x.tolist(), y.tolist())]
 
     def describe(self) -> str:

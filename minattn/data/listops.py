@@ -1,12 +1,14 @@
-"""ListOps with dependency depth (docs/ndr.md §7.3), the NDR paper's third task, by a vectorised sampler.
+"""ListOps with dependency depth (docs/ndr.md §7.3), the NDR paper's third task, by a vectorised
+sampler.
 
-The official sampler (item 3 of docs/ndr.md §7.3) is a recursive branching process, and the deep sets are rare
-events (about 1 in 15,000 draws reaches dependency depth 9 within 50 length units), so a one-tree-at-a-time
-Python sampler needs ~15 minutes for the paper's sets. Here a whole chunk of independent draws grows
-breadth-first with NumPy: every node makes the same independent choices as the recursive sampler (leaf vs
-operation, argument count, digit, operation), only in a different order of the random stream, so the
-distribution is exactly the official one's. A draw whose length already exceeds the limit stops growing (its
-remaining nodes stay leaves): it is rejected either way, because the length only grows.
+The official sampler (item 3 of docs/ndr.md §7.3) is a recursive branching process, and the deep
+sets are rare events (about 1 in 15,000 draws reaches dependency depth 9 within 50 length units), so
+a one-tree-at-a-time Python sampler needs ~15 minutes for the paper's sets. Here a whole chunk of
+independent draws grows breadth-first with NumPy: every node makes the same independent choices as
+the recursive sampler (leaf vs operation, argument count, digit, operation), only in a different
+order of the random stream, so the distribution is exactly the official one's. A draw whose length
+already exceeds the limit stops growing (its remaining nodes stay leaves): it is rejected either
+way, because the length only grows.
 """
 from __future__ import annotations
 
@@ -23,19 +25,22 @@ _CLOSE, _OP0, _DIGIT0 = 0, 1, 5   # ids of "]", the first operation and digit 0 
 
 
 def _apply_ops(op, nargs, cval, ctd, cdd, clen):
-    """Evaluate operations whose arguments are consecutive segments of the child arrays (the rules: docs/ndr.md §7.3).
+    """Evaluate operations whose arguments are consecutive segments of the child arrays (the rules:
+    docs/ndr.md §7.3).
 
-    op, nargs: (K,) operation ids (MIN, MAX, MED, SM) and argument counts (2..5); c*: value, tree depth,
-    dependency depth and length of the sum(nargs) arguments. Returns the same four for the K results.
+    op, nargs: (K,) operation ids (MIN, MAX, MED, SM) and argument counts (2..5); c*: value, tree
+    depth, dependency depth and length of the sum(nargs) arguments. Returns the same four for the K
+    results.
     """
     starts = np.cumsum(nargs) - nargs
     seg = np.repeat(np.arange(len(nargs)), nargs)
     pos = np.arange(len(cval)) - starts[seg]                       # argument position, < 8
-    # MIN/MAX select the FIRST argument holding the extreme value: break ties by position in the key.
+    # MIN/MAX select the FIRST argument holding the extreme value: break ties by position in the
+    # key.
     i_min = starts + np.minimum.reduceat(cval * 8 + pos, starts) % 8
     i_max = starts + 7 - np.maximum.reduceat(cval * 8 + (7 - pos), starts) % 8
-    # MED: sort each segment by value, ties in argument order (the keys are unique, so this is stable);
-    # the middle one or two arguments decide both the value and the dependency depth.
+    # MED: sort each segment by value, ties in argument order (the keys are unique, so this is
+    # stable); the middle one or two arguments decide both the value and the dependency depth.
     order = np.argsort(seg * 128 + cval * 8 + pos)
     i_lo, i_hi = order[starts + (nargs - 1) // 2], order[starts + nargs // 2]
     val = np.choose(op, [cval[i_min], cval[i_max], (cval[i_lo] + cval[i_hi]) // 2,
@@ -46,11 +51,12 @@ def _apply_ops(op, nargs, cval, ctd, cdd, clen):
 
 
 def _grow(rng, owner, m, length, max_len, p_op, max_args):
-    """Grow one tree(m) of the sampler for each entry of owner (the draw it belongs to), level by level.
+    """Grow one tree(m) of the sampler for each entry of owner (the draw it belongs to), level by
+    level.
 
     length[draw] holds a running lower bound of the draw's length (3 per operation, 1 per leaf or
-    pending node) and is updated in place. Returns levels [(nargs, digit, op)], root level first; the
-    children of level l are level l+1 in parent order.
+    pending node) and is updated in place. Returns levels [(nargs, digit, op)], root level first;
+    the children of level l are level l+1 in parent order.
     """
     levels = []
     while len(owner):
@@ -80,17 +86,17 @@ def _evaluate(levels):
 class _ListOpsDraws:
     """n independent draws of the official sampler for a depth range (lo, hi), made at once.
 
-    Attributes value, tree_depth, dep_depth, length: (n,) arrays (length > max_len for rejected draws,
-    whose trees were cut short). tokens(i) rebuilds the ids of draw i.
+    Attributes value, tree_depth, dep_depth, length: (n,) arrays (length > max_len for rejected
+    draws, whose trees were cut short). tokens(i) rebuilds the ids of draw i.
     """
 
     def __init__(self, rng, n, lo, hi, p_op=0.3, max_args=5, max_len=50):
         length = np.ones(n, np.int64)
         self.root = _grow(rng, np.arange(n), hi, length, max_len, p_op, max_args)
         val, td, dd, ln = _evaluate(self.root)
-        # While the tree is shallower than lo: 2..max_args-1 fresh tree(hi-1) arguments, the old tree
-        # inserted at randint(#args) (never last), under a random operation. Each round wraps a subset
-        # of the previous round's draws, so draw i's wraps are rounds 0..k-1 for some k.
+        # While the tree is shallower than lo: 2..max_args-1 fresh tree(hi-1) arguments, the old
+        # tree inserted at randint(#args) (never last), under a random operation. Each round wraps a
+        # subset of the previous round's draws, so draw i's wraps are rounds 0..k-1 for some k.
         self.wraps = []
         while True:
             w = np.flatnonzero((td < lo) & (length <= max_len))
@@ -164,21 +170,24 @@ class _ListOpsDraws:
 
 
 class ListOpsTask(ClassificationTask):
-    """ListOps with dependency depth (docs/ndr.md §7.3; the official code's variant "big"); read at SOS.
+    """ListOps with dependency depth (docs/ndr.md §7.3; the official code's variant "big"); read at
+    SOS.
 
-    Tokens are space-separated: "]" 0, "[MIN" 1, "[MAX" 2, "[MED" 3, "[SM" 4, digit k -> 5 + k. Worked example:
+    Tokens are space-separated: "]" 0, "[MIN" 1, "[MAX" 2, "[MED" 3, "[SM" 4, digit k -> 5 + k.
+    Worked example:
 
         "[MED 4 8 5 [MAX 8 4 9 ] ]":  MAX(8, 4, 9) = 9;  MED(4, 8, 5, 9): sorted 4 5 8 9, even count,
         floor((5 + 8) / 2) = 6  ->  class "6";  ids [3, 9, 13, 10, 2, 13, 9, 14, 0, 0]
 
     Tree depth 3, but the result depends only on the leaves 5 and 8 (the middle of the stable sort),
-    so the dependency depth is 2 and the paper depth (``depths``) is 1. Length 3 + 3 + 6 leaves = 12.
+    so the dependency depth is 2 and the paper depth (``depths``) is 1. Length 3 + 3 + 6 leaves =
+    12.
 
     Splits (dependency depth; all with p_op 0.3, at most 5 arguments, length <= 50, distinct strings
-    within a split, equal bins of ceil(n / #depths)): train 2-6 (1,000,000), iid 2-6 (1,000), valid 7
-    (1,000), test 8-9 (1,000) -- paper depths 1-5, 1-5, 6, 7-8. As in the official code, train and iid
-    are drawn independently, so short iid samples also occur in train. Generating the full train set
-    takes a few minutes; it is cached. Sizes may be shrunk for tests.
+    within a split, equal bins of ceil(n / #depths)): train 2-6 (1,000,000), iid 2-6 (1,000), valid
+    7 (1,000), test 8-9 (1,000) -- paper depths 1-5, 1-5, 6, 7-8. As in the official code, train and
+    iid are drawn independently, so short iid samples also occur in train. Generating the full train
+    set takes a few minutes; it is cached. Sizes may be shrunk for tests.
     """
     name = "listops"
     DIGITS = [str(i) for i in range(10)]

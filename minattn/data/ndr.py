@@ -22,27 +22,30 @@ CTL_SEED = 0x12345678
 
 
 def ctl_tables() -> np.ndarray:
-    """The 11 tables a..k: permutation(8) drawn in order from RandomState(0x12345678) (the official code's seed)."""
+    """The 11 tables a..k: permutation(8) drawn in order from RandomState(0x12345678) (the official
+    code's seed)."""
     rs = np.random.RandomState(CTL_SEED)
     return np.stack([rs.permutation(8) for _ in range(11)])
 
 
 class CTLTask(ClassificationTask):
-    """Compositional table lookup, forward presentation (docs/ndr.md §7.1; official code ``ctl.reversed=1``).
+    """Compositional table lookup, forward presentation (docs/ndr.md §7.1; official code
+    ``ctl.reversed=1``).
 
     Eleven random bijections a..k of the 8 symbols 000..111 (ids 0..7; letters are ids 8..18). The
-    input is the argument followed by the functions in the order they are applied; the answer (one of
-    the 8 symbols) is read at EOS. Worked example, with d = [4,2,1,5,0,7,3,6], a = [6,1,5,7,0,4,2,3],
-    b = [6,5,7,3,2,0,4,1]:
+    input is the argument followed by the functions in the order they are applied; the answer (one
+    of the 8 symbols) is read at EOS. Worked example, with d = [4,2,1,5,0,7,3,6], a =
+    [6,1,5,7,0,4,2,3], b = [6,5,7,3,2,0,4,1]:
 
         "101 d a b"  means b(a(d(101))):  d(5) = 7, a(7) = 3, b(3) = 3  ->  class "011" (id 3)
         ids [5, 11, 8, 9]  ->  model input [SOS=20, 5, 11, 8, 9, EOS=19], depth 3
 
     Splits: train (53,704; depth 1-5), iid (the official code's valid-IID, 4,000; depth 2-5), valid
-    (deeper_val, 1,000; depth 6-8), test (deeper, "Longer", 1,000; depth 9-10). Its test-IID
-    (4,000) is held out of train but not exposed. ``seed`` only chooses which pool items become
+    (deeper_val, 1,000; depth 6-8), test (deeper, "Longer", 1,000; depth 9-10). Its test-IID (4,000)
+    is held out of train but not exposed. ``seed`` only chooses which pool items become
     test-IID/valid-IID (the official code used an unseeded RNG there); everything else replays the
-    fixed RandomState(0x12345678) draw order of the official code (numbered 1-5 in docs/ndr.md §7.1).
+    fixed RandomState(0x12345678) draw order of the official code (numbered 1-5 in
+    docs/ndr.md §7.1).
     """
     name = "ctl"
     cache_key = "ctl"
@@ -56,7 +59,8 @@ class CTLTask(ClassificationTask):
     def __init__(self, seed: int = 0, cache_dir=None):
         super().__init__(seed, cache_dir)
         if self.backward:  # the cache stores the forward presentation; backward is its mirror image
-            self.splits = {k: dataclasses.replace(s, inputs=s.inputs.reversed_rows()) for k, s in self.splits.items()}
+            self.splits = {k: dataclasses.replace(s, inputs=s.inputs.reversed_rows())
+                           for k, s in self.splits.items()}
 
     def _params(self):
         return {"rng": CTL_SEED, "n_tables": 11, "n_composed": self.N_COMPOSED, "max_depth": 5,
@@ -79,14 +83,16 @@ class CTLTask(ClassificationTask):
                 out.setdefault((int(arg), tuple(int(c) for c in comp)), None)
             return list(out)
 
-        # draw 2, reserved compositions: ceil(min(200, 9^d / 4)) per depth 0..5 -> 1+3+21+183+200+200 = 608
+        # draw 2, reserved compositions: ceil(min(200, 9^d / 4)) per depth 0..5 ->
+        # 1+3+21+183+200+200 = 608
         reserved = set()
         for d in range(6):
             target = len(reserved) + math.ceil(min(200, 0.25 * self.N_COMPOSED ** d))
             while len(reserved) < target:
                 reserved.add(tuple(rs.randint(self.N_COMPOSED, size=d).tolist()))
 
-        # draw 3, the IID pool: composition (5 draws, then its length 2..5), redrawn while reserved; then argument
+        # draw 3, the IID pool: composition (5 draws, then its length 2..5), redrawn while reserved;
+        # then argument
         def draw_iid():
             while True:
                 comp = tuple(rs.randint(self.N_COMPOSED, size=5)[:rs.randint(2, 6)].tolist())
@@ -96,8 +102,8 @@ class CTLTask(ClassificationTask):
         n_iid, n_test = 8 * n_comps // 10, 4_000                                     # 53,136 and 4,000
         pool = unique(n_iid + 2 * n_test, draw_iid)                                  # 61,136
 
-        # draw 4: the two unreported "new primitive" sets use tables j (9) and k (10); they are drawn only
-        # to keep the RandomState in step for deeper_val and deeper.
+        # draw 4: the two unreported "new primitive" sets use tables j (9) and k (10); they are
+        # drawn only to keep the RandomState in step for deeper_val and deeper.
         def draw_new_primitive_1():
             arg = rs.randint(8)
             comp = rs.randint(10, size=5)[:rs.randint(2, 6)]
@@ -135,14 +141,16 @@ class CTLTask(ClassificationTask):
                 for c in reversed(comp):        # c_1(c_2(...c_n(x))): apply c_n first
                     y = tables[c][y]
                 labels.append(y)
-            return make_split([self.encode_sample(a, c) for a, c in samples], labels, [len(c) for _, c in samples])
+            return make_split([self.encode_sample(a, c) for a, c in samples], labels,
+                              [len(c) for _, c in samples])
 
         return {"train": make(train), "iid": make(iid), "valid": make(deeper_val), "test": make(deeper)}
 
 
 class CTLBackwardTask(CTLTask):
-    """CTL, backward presentation (docs/ndr.md §7.1; official code ``ctl.reversed=0``): ordinary notation, functions
-    first and the argument last. The same samples as ``ctl``, each sequence reversed:
+    """CTL, backward presentation (docs/ndr.md §7.1; official code ``ctl.reversed=0``): ordinary
+    notation, functions first and the argument last. The same samples as ``ctl``, each sequence
+    reversed:
 
         "b a d 101"  means b(a(d(101))) = 011 (class 3);  ids [9, 8, 11, 5]
 
@@ -157,13 +165,14 @@ class CTLBackwardTask(CTLTask):
 # ----------------------------------------------------------------------------------------------------
 
 def _uniform_stream(rng: np.random.Generator):
-    """Endless U[0, 1) floats drawn from rng in blocks: a Python call per draw is the bottleneck of the
-    recursive samplers. Integers use int(u * k) (bias below 1e-15)."""
+    """Endless U[0, 1) floats drawn from rng in blocks: a Python call per draw is the bottleneck of
+    the recursive samplers. Integers use int(u * k) (bias below 1e-15)."""
     return itertools.chain.from_iterable(iter(lambda: rng.random(1 << 16).tolist(), None)).__next__
 
 
 def arith_sample(u, min_depth: int, max_depth: int, p: float):
-    """One draw of the official code's get_one sampler (code depths; docs/ndr.md §7.2); u() yields U[0, 1) floats.
+    """One draw of the official code's get_one sampler (code depths; docs/ndr.md §7.2); u() yields
+    U[0, 1) floats.
 
     Returns (expression, value mod 10, code depth). Draw order as in the code: children before the
     operator; while too shallow, a fresh get(2) subtree becomes the LEFT operand of a new root. (The
@@ -197,10 +206,11 @@ def balanced_bins(n: int, lo: int, hi: int) -> dict:
 
 
 class ArithTask(ClassificationTask):
-    """Simple arithmetic mod 10 (docs/ndr.md §7.2): fully bracketed + and * over digits, one token per character.
+    """Simple arithmetic mod 10 (docs/ndr.md §7.2): fully bracketed + and * over digits, one token
+    per character.
 
-    Worked example: "((3+4)*(5*2))": 3+4 = 7 and 5*2 = 10 -> 0 (every node is reduced mod 10), so the
-    answer is 7*0 = 0 (class "0"). Code depth: leaf 1, node 1 + max(children) = 3, so its paper
+    Worked example: "((3+4)*(5*2))": 3+4 = 7 and 5*2 = 10 -> 0 (every node is reduced mod 10), so
+    the answer is 7*0 = 0 (class "0"). Code depth: leaf 1, node 1 + max(children) = 3, so its paper
     depth (what ``depths`` stores) is 3 - 1 = 2. Ids: "(" 0, ")" 1, "+" 2, "*" 3, digit k -> 4 + k:
     [0, 0, 7, 2, 8, 1, 3, 0, 9, 3, 6, 1, 1].
 
@@ -209,8 +219,8 @@ class ArithTask(ClassificationTask):
       iid    basic 200 + 250 each at depths 3..6, p 0.2                 (1,200; 1-5)
       valid  1,000 at depth 7, p 0.3                                    (6)
       test   500 each at depths 8 and 9, p 0.3                          (7-8)
-    The basic set is in both train and iid; no other overlap is removed, as in the official code. Sizes are the
-    balanced part (the basic 200 come on top) and may be shrunk for tests.
+    The basic set is in both train and iid; no other overlap is removed, as in the official code.
+    Sizes are the balanced part (the basic 200 come on top) and may be shrunk for tests.
 
     Readout: NDR and "+ abs/rel + gate" read EOS; the official code's "Transformer" and "+ rel"
     arithmetic baselines read SOS instead (docs/ndr.md §1) -- the preset chooses per model

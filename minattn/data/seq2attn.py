@@ -2,7 +2,8 @@
 they share with MLU (mlu.py).
 
 Both are generated from rules in well under a second, so nothing is cached on disk. Vocabularies
-keep the reference's special tokens (docs/seq2attn.md §1.1) only so that parameter counts match the paper's.
+keep the reference's special tokens (docs/seq2attn.md §1.1) only so that parameter counts match the
+paper's.
 """
 from __future__ import annotations
 
@@ -28,8 +29,9 @@ def _pad(seqs: Ragged, idx, pad: int):
 
 @dataclass
 class Seq2SeqSplit:
-    """One split: ``inputs[i]`` (ids in in_vocab) maps to ``targets[i]`` (ids in out_vocab, ending with
-    <eos>); ``lines[i]`` is the example's canonical text line (see ``python tasks.py export``)."""
+    """One split: ``inputs[i]`` (ids in in_vocab) maps to ``targets[i]`` (ids in out_vocab, ending
+    with <eos>); ``lines[i]`` is the example's canonical text line (see ``python tasks.py
+    export``)."""
     inputs: Ragged
     targets: Ragged
     lines: list
@@ -50,13 +52,15 @@ class Seq2SeqSplit:
     def batches(self, batch_size: int, rng: np.random.Generator, mode: str = "shuffled"):
         """Endless training batches (src, src_lengths, tgt, tgt_lengths), padded with <pad>.
 
-        Each epoch visits every example once, in a fresh permutation drawn from rng (a seeded Generator
-        replays the stream); the last batch of an epoch may be smaller. mode "bucketed" then stable-sorts
-        the epoch by target length and visits the batches in random order (little padding)."""
+        Each epoch visits every example once, in a fresh permutation drawn from rng (a seeded
+        Generator replays the stream); the last batch of an epoch may be smaller. mode "bucketed"
+        then stable-sorts the epoch by target length and visits the batches in random order (little
+        padding)."""
         if mode not in ("shuffled", "bucketed"):
             raise ValueError(f"unknown batching mode {mode!r} for a seq2seq task (valid: shuffled, bucketed)")
         if batch_size < 1 or not len(self):
-            raise ValueError(f"need batch_size ≥ 1 and a non-empty split, got {batch_size} and {len(self)} examples")
+            raise ValueError(f"need batch_size ≥ 1 and a non-empty split, got {batch_size} and "
+                             f"{len(self)} examples")
         return self._epochs(batch_size, rng, mode == "bucketed")
 
     def _epochs(self, batch_size, rng, bucketed):
@@ -76,8 +80,8 @@ class Seq2SeqSplit:
                             self.in_vocab, self.out_vocab)
 
     def eval_batches(self, batch_size: int, rows=None):
-        """One pass over the split (or over its ``rows``) in order of target length (stable), so a batch
-        decodes few steps beyond its rows."""
+        """One pass over the split (or over its ``rows``) in order of target length (stable), so a
+        batch decodes few steps beyond its rows."""
         rows = np.arange(len(self)) if rows is None else np.asarray(rows, dtype=np.intp)
         order = rows[np.argsort(self.targets.lengths[rows], kind="stable")]
         for s in range(0, len(order), batch_size):
@@ -85,7 +89,8 @@ class Seq2SeqSplit:
 
 
 class Seq2SeqTask(Task):
-    """Splits of (input, target) token sequences; subclasses fill ``self.splits`` through ``_make``."""
+    """Splits of (input, target) token sequences; subclasses fill ``self.splits`` through
+    ``_make``."""
     name = ""
     export_ext = "txt"
     in_tokens: list = []
@@ -108,13 +113,16 @@ class Seq2SeqTask(Task):
 
     def __repr__(self):
         sizes = ", ".join(f"{k}={len(v)}" for k, v in self.splits.items())
-        return f"<{type(self).__name__} {self.name!r}: V_in={len(self.in_vocab)}, V_out={len(self.out_vocab)}, {sizes}>"
+        return (f"<{type(self).__name__} {self.name!r}: V_in={len(self.in_vocab)}, "
+                f"V_out={len(self.out_vocab)}, {sizes}>")
 
 
-# --- lookup tables ------------------------------------------------------------------------------------
+# --- lookup tables
+# ------------------------------------------------------------------------------------
 
 BITS = [f"{i:03b}" for i in range(8)]
-# t(000), t(001), ..., t(111) for each table (docs/seq2attn.md §2.1; identical in all five public samples)
+# t(000), t(001), ..., t(111) for each table (docs/seq2attn.md §2.1; identical in all five public
+# samples)
 LOOKUP_TABLES = {
     "t1": "110 001 101 010 011 000 111 100", "t2": "101 001 010 111 110 011 000 100",
     "t3": "111 101 010 100 011 000 001 110", "t4": "000 100 010 101 111 001 110 011",
@@ -133,7 +141,8 @@ LOOKUP_HELDOUT_INPUTS = (
 
 
 def lookup_example(bits: str, tables) -> tuple:
-    """(input tokens, target tokens, line) for applying ``tables`` left to right to ``bits`` (docs/seq2attn.md §2.2):
+    """(input tokens, target tokens, line) for applying ``tables`` left to right to ``bits``
+    (docs/seq2attn.md §2.2):
 
         lookup_example("100", ["t3", "t1"])[2] == "100 t3 t1 .\\t100 011 010\\t0 1 2 3"
 
@@ -150,12 +159,12 @@ class LookupTask(Seq2SeqTask):
     """Lookup-table composition, sample1 (Liška et al. 2018; docs/seq2attn.md §2). Eight bijections
     t1..t8 of 3-bit strings; "100 t3 t1 ." asks for t1(t3(100)), target "100 011 010 <eos>".
 
-    Splits: train (232: all unary + 28 seen compositions of t1..t6 on 6 inputs each), validation (16)
-    and heldout_inputs (40) (the other 2 inputs of the seen compositions), heldout_compositions (64),
-    heldout_tables (192: one of t7/t8 composed with t1..t6), new_compositions (32: t7/t8 only), all
-    line-for-line equal (as sets) to sample1; and longer_compositions_{seen,incremental,new}
-    (544/1084/32: three tables on 4 inputs each), random in the original, so here drawn from ``seed``
-    with the same structure."""
+    Splits: train (232: all unary + 28 seen compositions of t1..t6 on 6 inputs each), validation
+    (16) and heldout_inputs (40) (the other 2 inputs of the seen compositions), heldout_compositions
+    (64), heldout_tables (192: one of t7/t8 composed with t1..t6), new_compositions (32: t7/t8
+    only), all line-for-line equal (as sets) to sample1; and
+    longer_compositions_{seen,incremental,new} (544/1084/32: three tables on 4 inputs each), random
+    in the original, so here drawn from ``seed`` with the same structure."""
     name = "lookup"
     export_ext = "tsv"
     in_tokens = BITS + list(LOOKUP_TABLES) + ["."]
@@ -172,7 +181,8 @@ class LookupTask(Seq2SeqTask):
         ex = lookup_example
         splits = {
             "train": [ex(b, [t]) for t in LOOKUP_TABLES for b in BITS]
-                     + [ex(b, c) for c, h in held.items() for b in BITS if b not in h.get("V", []) + h.get("H", [])],
+                     + [ex(b, c) for c, h in held.items() for b in BITS
+                        if b not in h.get("V", []) + h.get("H", [])],
             "validation": [ex(b, c) for c, h in held.items() for b in h.get("V", [])],
             "heldout_inputs": [ex(b, c) for c, h in held.items() for b in h.get("H", [])],
             "heldout_compositions": [ex(b, c) for c in held_comps for b in BITS],
@@ -180,12 +190,14 @@ class LookupTask(Seq2SeqTask):
             "new_compositions": [ex(b, [m, n]) for m in new for n in new for b in BITS],
         }
         rng = rng_for(seed, "lookup/longer")
-        pick = lambda pool, k: [pool[i] for i in np.sort(rng.choice(len(pool), k, replace=False))]  # noqa: E731
+        pick = lambda pool, k: [pool[i] for i in np.sort(rng.choice(len(pool), k,
+                                                                    replace=False))]  # noqa: E731
         s6 = list(itertools.product(S6, repeat=3))
         seen = pick(s6, 136)
         unseen = [c for c in s6 if c not in set(seen)]
         product = lambda *parts: list(itertools.product(*parts))  # noqa: E731
-        incremental = (pick(seen, 96) + pick(unseen, 54) + pick(product(new, S6, S6), 56)    # t7/t8 never last
+        # t7/t8 never last
+        incremental = (pick(seen, 96) + pick(unseen, 54) + pick(product(new, S6, S6), 56)
                        + pick(product(S6, new, S6), 50) + pick(product(new, new, S6), 15))
         for name, comps in [("seen", seen), ("incremental", incremental),
                             ("new", list(itertools.product(new, repeat=3)))]:
@@ -193,16 +205,19 @@ class LookupTask(Seq2SeqTask):
         self.splits = {k: self._make(v) for k, v in splits.items()}
 
 
-# --- SCAN ----------------------------------------------------------------------------------------------
+# --- SCAN
+# ----------------------------------------------------------------------------------------------
 
 SCAN_PRIMITIVES = ("walk", "look", "run", "jump")
-SCAN_SPLITS = ("simple", "length", "addprim_jump", "addprim_turn_left", "around_right", "opposite_right", "right",
+SCAN_SPLITS = ("simple", "length", "addprim_jump", "addprim_turn_left", "around_right",
+               "opposite_right", "right",
                "jump_around_right", "filler0", "filler1", "filler2", "filler3", "length_cutoff_K")
 SCAN_CUTOFFS = (22, 24, 25, 26, 27, 28, 30, 32, 33, 36, 40)  # the cutoffs of Csordás et al. 2021
 
 
 def scan_commands() -> list:
-    """All 20,910 SCAN commands as (command, actions) string pairs, from the grammar (docs/seq2attn.md §3.1)."""
+    """All 20,910 SCAN commands as (command, actions) string pairs, from the grammar
+    (docs/seq2attn.md §3.1)."""
     verbs = []  # V: (words, meaning)
     for x in SCAN_PRIMITIVES + ("turn",):
         act = [] if x == "turn" else [f"I_{x.upper()}"]
@@ -234,7 +249,8 @@ def scan_split(split: str, seed: int = 0) -> dict:
     if split.startswith("addprim_"):  # the primitive alone, repeated to be 10% of train
         prim = split[len("addprim_"):].replace("_", " ")
         if prim not in ("jump", "turn left"):
-            raise ValueError(f"unknown SCAN split {split!r}: add_prim splits are addprim_jump and addprim_turn_left")
+            raise ValueError(f"unknown SCAN split {split!r}: add_prim splits are addprim_jump and "
+                             "addprim_turn_left")
         rest = [p for p in pairs if not _contains(p[0], prim)]
         alone = [p for p in pairs if p[0] == prim]
         return {"train": rest + alone * (len(rest) // 9),
@@ -244,16 +260,19 @@ def scan_split(split: str, seed: int = 0) -> dict:
         if not k.isdigit():
             raise ValueError(f"unknown SCAN split {split!r}: use length_cutoff_K with an integer K (e.g. 26)")
         k = int(k)
-        # The pool in C order of the lines: the reference's shuffled order is not derivable (docs/seq2attn.md §3.5).
+        # The pool in C order of the lines: the reference's shuffled order is not derivable
+        # (docs/seq2attn.md §3.5).
         pool = sorted((p for p in pairs if len(p[1]) <= k), key=lambda p: scan_line(p).encode())
         iid = np.random.RandomState(1234).choice(len(pool), int(len(pool) * (1 - 0.9)), replace=False)
         is_iid = np.zeros(len(pool), bool)
         is_iid[iid] = True
-        splits = {"train": [p for p, i in zip(pool, is_iid) if not i], "iid": [p for p, i in zip(pool, is_iid) if i],
+        splits = {"train": [p for p, i in zip(pool, is_iid) if not i],
+                  "iid": [p for p, i in zip(pool, is_iid) if i],
                   "test": [p for p in pairs if len(p[1]) > k]}
         empty = [name for name, part in splits.items() if not part]   # K = 1 and K ≥ 48 (the longest output)
         if empty:
-            raise ValueError(f"SCAN split {split!r} leaves no {' and no '.join(empty)} examples: choose K from 2 to 47")
+            raise ValueError(f"SCAN split {split!r} leaves no {' and no '.join(empty)} examples: "
+                             "choose K from 2 to 47")
         return splits
     fillers = {"filler0": 0, "filler1": 1, "filler2": 2, "filler3": 3, "jump_around_right": 3}
     if split in fillers:  # Loula et al. exp. 2: the first k of look, walk, run are seen in "X around right"
@@ -276,16 +295,19 @@ def scan_line(pair) -> str:
 
 
 class ScanTask(Seq2SeqTask):
-    """SCAN (Lake & Baroni 2018), generated from its grammar (docs/seq2attn.md §3), one split at a time:
+    """SCAN (Lake & Baroni 2018), generated from its grammar (docs/seq2attn.md §3), one split at a
+    time:
 
         "jump around left twice"  ->  (I_TURN_LEFT I_JUMP) × 4, twice: 16 actions, then <eos>
 
     Splits (``SCAN_SPLITS``): simple (seeded 80/20), length, addprim_jump, addprim_turn_left, the
     template splits around_right, opposite_right, right, jump_around_right, filler0..filler3 (the
     paper's "k fillers": 0..3 of look/walk/run also seen in "X around right"), and length_cutoff_K
-    (Csordás et al. 2021; adds an "iid" split). No "." is appended to inputs (docs/seq2attn.md §3.6)."""
+    (Csordás et al. 2021; adds an "iid" split). No "." is appended to inputs
+    (docs/seq2attn.md §3.6)."""
     name = "scan"
-    in_tokens = ["after", "and", "around", "jump", "left", "look", "opposite", "right", "run", "thrice", "turn",
+    in_tokens = ["after", "and", "around", "jump", "left", "look", "opposite", "right", "run",
+                 "thrice", "turn",
                  "twice", "walk"]
     out_tokens = ["I_WALK", "I_LOOK", "I_RUN", "I_JUMP", "I_TURN_LEFT", "I_TURN_RIGHT"]
 

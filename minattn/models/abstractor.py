@@ -1,19 +1,19 @@
-"""Abstractor models (Altabaa, Webb, Cohen & Lafferty 2024, "Abstractors and relational cross-attention";
-design note docs/abstractor.md §2–5).
+"""Abstractor models (Altabaa, Webb, Cohen & Lafferty 2024, "Abstractors and relational
+cross-attention"; design note docs/abstractor.md §2–5).
 
-An Abstractor turns objects E into abstract states A that carry only relations between the objects: it
-starts from symbols A^(0) that say nothing about the objects (one per position, or retrieved from a
-library) and updates them with relational cross-attention (RCA, attention/relational.py), whose values
-are the symbols. Two forms:
+An Abstractor turns objects E into abstract states A that carry only relations between the objects:
+it starts from symbols A^(0) that say nothing about the objects (one per position, or retrieved from
+a library) and updates them with relational cross-attention (RCA, attention/relational.py), whose
+values are the symbols. Two forms:
 
-* MHA form (paper §2.3, Algorithm 1; docs/abstractor.md §3; the sorting models): per layer, optional symbol
-  self-attention, then A ← LN(A + RCA(E, A)) — the residual goes onto the symbols — then the FF block.
-  Architectures (paper §3, Fig. 2; docs/abstractor.md §4):
-  (a) decoder ← Abstractor(embedded X); (b) decoder ← Abstractor(Encoder(X)); (d) multi-attention decoder
-  ← [E, Abstractor(E)]; (e) ← [E, Abstractor2(Abstractor1(E))] (+ A1 with ``attend_a1``). The Ablation
+* MHA form (paper §2.3, Algorithm 1; docs/abstractor.md §3; the sorting models): per layer, optional
+  symbol self-attention, then A ← LN(A + RCA(E, A)) — the residual goes onto the symbols — then the
+  FF block. Architectures (paper §3, Fig. 2; docs/abstractor.md §4): (a) decoder ←
+  Abstractor(embedded X); (b) decoder ← Abstractor(Encoder(X)); (d) multi-attention decoder ← [E,
+  Abstractor(E)]; (e) ← [E, Abstractor2(Abstractor1(E))] (+ A1 with ``attend_a1``). The Ablation
   model replaces RCA by standard cross-attention A ← LN(A + MHA(Q = A, K = V = E)).
-* Simplified form (§1.3; pairwise order and SET): per-relation RCA, FF block, dropout; objects → Dense →
-  simplified Abstractor → flatten → MLP head.
+* Simplified form (§1.3; pairwise order and SET): per-relation RCA, FF block, dropout; objects →
+  Dense → simplified Abstractor → flatten → MLP head.
 
 Model names (``--model``): ``abstractor`` (b), ``abstractor-ablation``, ``transformer-seq2seq`` (the
 baseline, models/seq2seq.py) and ``abstractor-simplified`` (the discriminative models). Section
@@ -38,12 +38,13 @@ SYMBOLS = ("learned", "sinusoidal", "symbolic")
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Symbol assignment (§2.1, §2.3; position-relative symbols are an RCA variant: attention/relational.py)
+# Symbol assignment (§2.1, §2.3; position-relative symbols are an RCA variant:
+# attention/relational.py)
 # ---------------------------------------------------------------------------------------------------------
 
 class PositionalSymbols(Module):
-    """Object i gets symbol s_i (§2.1): learned (N(0, 1), ``max_len`` of them, fixed at build time) or
-    sinusoidal (s_i = PE_i, concatenated sin | cos halves; no parameters). Returns (B, T, d)."""
+    """Object i gets symbol s_i (§2.1): learned (N(0, 1), ``max_len`` of them, fixed at build time)
+    or sinusoidal (s_i = PE_i, concatenated sin | cos halves; no parameters). Returns (B, T, d)."""
 
     def __init__(self, max_len, d_model, kind="learned", rng=None):
         if kind not in ("learned", "sinusoidal"):
@@ -64,9 +65,10 @@ class PositionalSymbols(Module):
 
 
 class SymbolicAttention(Module):
-    """Symbol retrieval from a learned library (§2.3): per head h, S^h = softmax_j(scale · (X W_q^h) B^hᵀ)
-    S_lib^h, where the library S_lib (n_s × d) is split along features into n_h chunks and B^h (n_s × d_b)
-    are learned binding vectors; S = concat_h S^h. ``scale`` "sqrt" (1/√d_b, the code) or "none" (paper)."""
+    """Symbol retrieval from a learned library (§2.3): per head h, S^h = softmax_j(scale · (X W_q^h)
+    B^hᵀ) S_lib^h, where the library S_lib (n_s × d) is split along features into n_h chunks and B^h
+    (n_s × d_b) are learned binding vectors; S = concat_h S^h. ``scale`` "sqrt" (1/√d_b, the code)
+    or "none" (paper)."""
 
     def __init__(self, d_model, n_symbols, n_head, d_binding=None, scale="sqrt", rng=None):
         if d_model % n_head:
@@ -78,15 +80,19 @@ class SymbolicAttention(Module):
         self.scale = 1 / math.sqrt(self.d_binding) if scale == "sqrt" else 1.0
         f32 = backend.DEFAULT_DTYPE
         self.library = Parameter((0.05 * rng.standard_normal((n_symbols, d_model))).astype(f32))
-        self.binding = Parameter((0.05 * rng.standard_normal((n_head, n_symbols, self.d_binding))).astype(f32))
+        self.binding = Parameter((0.05 * rng.standard_normal((n_head, n_symbols,
+                                                              self.d_binding))).astype(f32))
         self.w_q = Parameter(xavier_uniform(rng, d_model, n_head * self.d_binding))   # no bias (the code)
 
     def forward(self, x):
         B, T, C = x.shape
         H, n_s = self.n_head, self.library.shape[0]
-        q = (x.reshape(B * T, C) @ self.w_q).reshape(B, T, H, self.d_binding).transpose(0, 2, 1, 3)  # (B,H,T,d_b)
-        w = F.softmax((q @ self.binding.swapaxes(-1, -2)) * self.scale, axis=-1)                     # (B,H,T,n_s)
-        S = w @ self.library.reshape(n_s, H, C // H).transpose(1, 0, 2)                             # (B,H,T,d/H)
+        # (B,H,T,d_b)
+        q = (x.reshape(B * T, C) @ self.w_q).reshape(B, T, H, self.d_binding).transpose(0, 2, 1, 3)
+        # (B,H,T,n_s)
+        w = F.softmax((q @ self.binding.swapaxes(-1, -2)) * self.scale, axis=-1)
+        # (B,H,T,d/H)
+        S = w @ self.library.reshape(n_s, H, C // H).transpose(1, 0, 2)
         return S.transpose(0, 2, 1, 3).reshape(B, T, C)
 
 
@@ -96,7 +102,8 @@ class SymbolicAttention(Module):
 
 @dataclass
 class AbstractorConfig(EncoderDecoderConfig):
-    """The sorting Abstractor (§6.1) on top of the encoder–decoder's fields (EncoderDecoderConfig)."""
+    """The sorting Abstractor (§6.1) on top of the encoder–decoder's fields
+    (EncoderDecoderConfig)."""
     n_encoder_layers: int = 2
     n_decoder_layers: int = 2
     n_abstractor_layers: int = 2
@@ -114,8 +121,8 @@ class AbstractorConfig(EncoderDecoderConfig):
 
 
 class AbstractorLayer(Module):
-    """[A ← LN(A + MHA(A, A, A))]; A ← LN(A + RCA(X = E, S = A)); A ← FF block (§3). With ``ablation``
-    the middle step is standard cross-attention A ← LN(A + MHA(Q = A, K = V = E))."""
+    """[A ← LN(A + MHA(A, A, A))]; A ← LN(A + RCA(X = E, S = A)); A ← FF block (§3). With
+    ``ablation`` the middle step is standard cross-attention A ← LN(A + MHA(Q = A, K = V = E))."""
 
     def __init__(self, cfg, rng, ablation=False):
         d, eps = cfg.d_model, cfg.ln_eps
@@ -125,7 +132,8 @@ class AbstractorLayer(Module):
         if ablation:
             self.rca = keras_attention(cfg, rng)
         else:
-            self.rca = RelationalCrossAttention(d, cfg.n_head, cfg.d_head or d, d, cfg.activation, cfg.symmetric,
+            self.rca = RelationalCrossAttention(d, cfg.n_head, cfg.d_head or d, d, cfg.activation,
+                                                cfg.symmetric,
                                                 cfg.rca_scale, cfg.attention_dropout, rng, cfg.init)
         self.rca_norm = LayerNorm(d, eps) if cfg.rca_residual else None
         self.ffn = FeedForwardBlock(cfg, rng)
@@ -134,7 +142,8 @@ class AbstractorLayer(Module):
         """A (B, T, d) symbols / abstract states; E (B, T, d) objects. Returns the new A."""
         if self.self_attn is not None:
             A = self.self_norm(A + self.self_attn(A, key_mask=key_mask))
-        rel = self.rca(A, context=E, key_mask=key_mask) if self.ablation else self.rca(E, A, key_mask=key_mask)
+        rel = (self.rca(A, context=E, key_mask=key_mask) if self.ablation
+               else self.rca(E, A, key_mask=key_mask))
         A = self.rca_norm(A + rel) if self.rca_norm is not None else rel
         return self.ffn(A)
 
@@ -168,8 +177,9 @@ class Abstractor(Module):
 
 
 class AbstractorSeq2Seq(Seq2SeqTransformer):
-    """Encoder–decoder with Abstractors (§4): the decoder attends to the contexts of the architecture,
-    (a)/(b) [A], (d) [E, A], (e) [E, A2] or [E, A1, A2], where A = Abstractor(E) and A2 = Abstractor(A1)."""
+    """Encoder–decoder with Abstractors (§4): the decoder attends to the contexts of the
+    architecture, (a)/(b) [A], (d) [E, A], (e) [E, A2] or [E, A1, A2], where A = Abstractor(E) and
+    A2 = Abstractor(A1)."""
 
     def __init__(self, n_tgt_tokens, n_classes, cfg, d_src=None, n_src_tokens=None, seed=0, ablation=False):
         contexts = {"a": 1, "b": 1, "d": 2, "e": 3 if cfg.attend_a1 else 2}
@@ -181,7 +191,8 @@ class AbstractorSeq2Seq(Seq2SeqTransformer):
             cfg = dataclasses.replace(cfg, n_encoder_layers=0)   # (a) has no encoder
         super().__init__(n_tgt_tokens, n_classes, cfg, d_src, n_src_tokens, seed, contexts[cfg.architecture])
         rng = np.random.default_rng([seed, 1])
-        self.abstractors = [Abstractor(cfg, rng, ablation) for _ in range(2 if cfg.architecture == "e" else 1)]
+        n_abstractors = 2 if cfg.architecture == "e" else 1
+        self.abstractors = [Abstractor(cfg, rng, ablation) for _ in range(n_abstractors)]
 
     def encode(self, src, src_mask=None):
         E = super().encode(src, src_mask)[0]
@@ -193,16 +204,20 @@ class AbstractorSeq2Seq(Seq2SeqTransformer):
 
 
 def _transformer_seq2seq(n_tgt_tokens, n_classes, cfg, d_src=None, n_src_tokens=None, seed=0):
-    """The baseline: the encoder–decoder of models/seq2seq.py, from the config's EncoderDecoderConfig fields."""
-    base = EncoderDecoderConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(EncoderDecoderConfig)})
+    """The baseline: the encoder–decoder of models/seq2seq.py, from the config's
+    EncoderDecoderConfig fields."""
+    base = EncoderDecoderConfig(**{f.name: getattr(cfg, f.name)
+                                   for f in dataclasses.fields(EncoderDecoderConfig)})
     return Seq2SeqTransformer(n_tgt_tokens, n_classes, base, d_src, n_src_tokens, seed)
 
 
-# The sorting models by name: the class (or function) that builds each from (n_tgt_tokens, n_classes, cfg, ...),
-# and the settings of AbstractorConfig it never reads (``ignores``: --set refuses them).
+# The sorting models by name: the class (or function) that builds each from (n_tgt_tokens,
+# n_classes, cfg, ...), and the settings of AbstractorConfig it never reads (``ignores``: --set
+# refuses them).
 SEQ2SEQ_MODELS = {
     "abstractor": dict(build=AbstractorSeq2Seq),
-    # the ablation's relational cross-attention is plain cross-attention: no σ_rel, no W_q = W_k, no RCA scale
+    # the ablation's relational cross-attention is plain cross-attention: no σ_rel, no W_q = W_k, no
+    # RCA scale
     "abstractor-ablation": dict(build=functools.partial(AbstractorSeq2Seq, ablation=True),
                                 ignores=("activation", "symmetric", "rca_scale")),
     # the Transformer reads the EncoderDecoderConfig fields only (_transformer_seq2seq)
@@ -242,10 +257,12 @@ class SimplifiedConfig:
 
 
 class SimplifiedAbstractorLayer(Module):
-    """A ← SimplifiedRCA(X, A); A ← LN(A + Drop(FF(A))); A ← Drop(A) (§1.3; no residual or LN around RCA)."""
+    """A ← SimplifiedRCA(X, A); A ← LN(A + Drop(FF(A))); A ← Drop(A) (§1.3; no residual or LN around
+    RCA)."""
 
     def __init__(self, cfg, rng):
-        self.rca = SimplifiedRCA(cfg.d_model, cfg.n_relations, cfg.d_key, cfg.d_model, cfg.activation, cfg.symmetric,
+        self.rca = SimplifiedRCA(cfg.d_model, cfg.n_relations, cfg.d_key, cfg.d_model,
+                                 cfg.activation, cfg.symmetric,
                                  cfg.rel_bias, rng, cfg.init)
         self.ffn = FeedForwardBlock(cfg, rng)
         self.dropout = Dropout(cfg.dropout)
@@ -256,7 +273,8 @@ class SimplifiedAbstractorLayer(Module):
 
 class RelationalClassifier(Module):
     """Dense(d_in → d) per object → simplified Abstractor (learned symbols, A^(0) = S) → flatten →
-    [Dense(head_hidden, ReLU)] → Dense(n_out) logits (§6.2: 1 logit for a sigmoid; §6.3: 2 for a softmax)."""
+    [Dense(head_hidden, ReLU)] → Dense(n_out) logits (§6.2: 1 logit for a sigmoid; §6.3: 2 for a
+    softmax)."""
 
     def __init__(self, d_in, n_objects, n_out, cfg, seed=0):
         check_init(cfg.init)

@@ -6,10 +6,11 @@ Every object is encoded on its own by an MLP, ONE attention layer lets it look a
 
     x_i → Linear → ReLU → Linear → attention (no residual, no LayerNorm) → Linear → ReLU → Linear → ŷ_i
 
-The attention is multi-head (``mha``, the code's ``Transformer`` class: docs/compositional.md §2), compositional with
-dot-product value scores (``compositional``: docs/compositional.md §3) or with the linear-score ablation
-(``compositional-mlp``: docs/compositional.md §4). All of them use ``concat`` (the token's own
-projection appended before W_o), biases everywhere and D = search_dim = value_dim, as the CRT code does.
+The attention is multi-head (``mha``, the code's ``Transformer`` class: docs/compositional.md §2),
+compositional with dot-product value scores (``compositional``: docs/compositional.md §3) or with
+the linear-score ablation (``compositional-mlp``: docs/compositional.md §4). All of them use
+``concat`` (the token's own projection appended before W_o), biases everywhere and D = search_dim =
+value_dim, as the CRT code does.
 """
 import math
 from dataclasses import dataclass
@@ -29,14 +30,16 @@ class CRTConfig:
     n_head: int = 0        # MHA heads h (0: h = searches; Table 6 also runs 4 and 8 heads)
     d_model: int = 64      # D = search_dim = value_dim
     concat: bool = True    # append the token's own projection x W_c before W_o (always on in the CRT)
-    separate: bool = False  # compositional: one retrieval key W̄_k^r per retrieval (docs/compositional.md §3.4)
+    # compositional: one retrieval key W̄_k^r per retrieval (docs/compositional.md §3.4)
+    separate: bool = False
 
 
 class CRTMultiHeadAttention(Module):
-    """Multi-head attention as the CRT code's baseline (docs/compositional.md §2): h heads of size d_s = search_dim/h
-    (queries, keys) and d_v = value_dim/h (values), biases on every projection, the diagonal masked
-    (``mask_diagonal``) and, with ``concat``, x W_c appended before W_o. It is CompositionalAttention
-    with S = R = h and the value scores fixed to the identity (docs/compositional.md §5)."""
+    """Multi-head attention as the CRT code's baseline (docs/compositional.md §2): h heads of size
+    d_s = search_dim/h (queries, keys) and d_v = value_dim/h (values), biases on every projection,
+    the diagonal masked (``mask_diagonal``) and, with ``concat``, x W_c appended before W_o. It is
+    CompositionalAttention with S = R = h and the value scores fixed to the identity
+    (docs/compositional.md §5)."""
     last_weights = None
 
     def __init__(self, d_model, n_head, search_dim=None, value_dim=None, concat=True, mask_diagonal=True,
@@ -44,7 +47,8 @@ class CRTMultiHeadAttention(Module):
         rng = rng or np.random.default_rng(0)
         search_dim, value_dim = search_dim or d_model, value_dim or d_model
         if n_head < 1 or search_dim % n_head or value_dim % n_head:
-            raise ValueError(f"search_dim {search_dim} and value_dim {value_dim} must be multiples of n_head {n_head}")
+            raise ValueError(f"search_dim {search_dim} and value_dim {value_dim} must be multiples "
+                             f"of n_head {n_head}")
         self.n_head, self.d_s, self.d_v = n_head, search_dim // n_head, value_dim // n_head
         self.concat, self.mask_diagonal = concat, mask_diagonal
         self.query = Linear(d_model, search_dim, rng=rng)
@@ -56,8 +60,10 @@ class CRTMultiHeadAttention(Module):
     def forward(self, x, key_mask=None, return_weights=False):
         B, T, _ = x.shape
         H, ds, dv = self.n_head, self.d_s, self.d_v
-        q, k = (f(x).reshape(B, T, H, ds).transpose(0, 2, 1, 3) for f in (self.query, self.key))  # (B, H, T, ds)
-        v = self.value(x).reshape(B, T, H, dv).transpose(0, 2, 1, 3)                            # (B, H, T, dv)
+        # (B, H, T, ds)
+        q, k = (f(x).reshape(B, T, H, ds).transpose(0, 2, 1, 3) for f in (self.query, self.key))
+        # (B, H, T, dv)
+        v = self.value(x).reshape(B, T, H, dv).transpose(0, 2, 1, 3)
         logits = (q @ k.swapaxes(-1, -2)) * (1.0 / math.sqrt(ds))                             # (B, H, T, T)
         invalid = search_mask(key_mask, T, self.mask_diagonal, x.data)
         if invalid is not None:
@@ -73,8 +79,10 @@ class CRTMultiHeadAttention(Module):
 
 
 def _compositional(score):
-    return lambda cfg, rng: CompositionalAttention(cfg.d_model, cfg.searches, cfg.retrievals, concat=cfg.concat,
-                                                   score=score, separate=cfg.separate, mask_diagonal=True, rng=rng)
+    return lambda cfg, rng: CompositionalAttention(cfg.d_model, cfg.searches, cfg.retrievals,
+                                                   concat=cfg.concat,
+                                                   score=score, separate=cfg.separate,
+                                                   mask_diagonal=True, rng=rng)
 
 
 # The CRT models by name: the attention layer each builds from the config, ``(cfg, rng) → module``.
@@ -83,12 +91,14 @@ MODELS = {
                                                                 concat=cfg.concat, rng=rng),
                 ignores=("separate",)),
     "compositional": dict(attention=_compositional("dot"), ignores=("n_head",)),
-    "compositional-mlp": dict(attention=_compositional("mlp"), ignores=("n_head",)),   # the linear-score ablation
+    # the linear-score ablation
+    "compositional-mlp": dict(attention=_compositional("mlp"), ignores=("n_head",)),
 }
 
 
 class CRTModel(Module):
-    """Encoder MLP → one attention layer → decoder MLP (docs/compositional.md §9). ``name``: one of ``MODELS``."""
+    """Encoder MLP → one attention layer → decoder MLP (docs/compositional.md §9). ``name``: one of
+    ``MODELS``."""
 
     def __init__(self, name, in_dim, cfg, seed=0):
         if name not in MODELS:
@@ -101,8 +111,8 @@ class CRTModel(Module):
         self.dec1, self.dec2 = Linear(D, D, rng=rng), Linear(D, 1, rng=rng)
 
     def forward(self, x, return_weights=False):
-        """x (B, N, in_dim) → predictions (B, N); with ``return_weights`` also the attention's search
-        weights (B, S, N, N) and value scores (B, N, S, R) (None for ``mha``)."""
+        """x (B, N, in_dim) → predictions (B, N); with ``return_weights`` also the attention's
+        search weights (B, S, N, N) and value scores (B, N, S, R) (None for ``mha``)."""
         B, N, _ = x.shape
         h, A, c = self.attn(self.enc2(F.relu(self.enc1(x))), return_weights=True)
         y = self.dec2(F.relu(self.dec1(h))).reshape(B, N)
@@ -112,10 +122,11 @@ class CRTModel(Module):
 def specialisation(c, prefs, n_retrieval):
     """Paper Fig. 5: the mean value score per ground-truth retrieval choice, on the host.
 
-    c (B, N, S, R) value scores; prefs (B, N, S_gt) the task's retrieval choices r*. Returns
-    M (S_gt, R_gt, S, R) with M[g, r_gt, s, r] = mean of c[..., s, r] over the objects whose ground-truth
-    search g retrieves r_gt (NaN where none did). A model that learned the task's structure shows,
-    for every (g, r_gt), one search s whose scores put almost all weight on one retrieval r.
+    c (B, N, S, R) value scores; prefs (B, N, S_gt) the task's retrieval choices r*. Returns M
+    (S_gt, R_gt, S, R) with M[g, r_gt, s, r] = mean of c[..., s, r] over the objects whose
+    ground-truth search g retrieves r_gt (NaN where none did). A model that learned the task's
+    structure shows, for every (g, r_gt), one search s whose scores put almost all weight on one
+    retrieval r.
     """
     c, prefs = backend.to_numpy(c), backend.to_numpy(prefs)
     S_gt = prefs.shape[-1]
@@ -130,7 +141,8 @@ def specialisation(c, prefs, n_retrieval):
 
 def format_specialisation(M):
     """M of ``specialisation`` as a text table: a row per ground truth (search g, retrieval r), a
-    column per model (search s, retrieval r). Ground truths that never occurred (NaN) are left out."""
+    column per model (search s, retrieval r). Ground truths that never occurred (NaN) are left
+    out."""
     S_gt, R_gt, S, R = M.shape
     head = "ground truth |" + "".join(f"  s{s} r{r}" for s in range(S) for r in range(R))
     rows = [f"{f'g{g} r{r}':>12} |" + "".join(f"{v:7.2f}" for v in M[g, r].ravel())

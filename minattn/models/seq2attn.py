@@ -16,7 +16,8 @@ order (docs/seq2attn.md §1.3):
 The four components of the paper's ablation (Table 2) are independent switches of
 ``Seq2AttnConfig``: G (Gumbel attention; else softmax), E (embeddings as values; else encoder
 states), F (full focus) and T (transcoder + learned decoder initial state h^dec_0; else the query is
-h^dec_{t−1} and h^dec_0 = h^enc_n). All four off is the baseline ``seq2seq`` (docs/seq2attn.md §1.7).
+h^dec_{t−1} and h^dec_0 = h^enc_n). All four off is the baseline ``seq2seq``
+(docs/seq2attn.md §1.7).
 
 Batches are right-padded; padding keys are masked out of the attention, the encoder's final state of
 each row is taken at its own length, and padding targets are left out of the loss. A state is a list
@@ -53,7 +54,8 @@ class Seq2AttnConfig:
 
 
 # Model names (``--model``): seq2attn has all four components, the baseline none.
-MODELS = {"seq2attn": {}, "seq2seq": dict(gumbel=False, embedding_values=False, full_focus=False, transcoder=False)}
+MODELS = {"seq2attn": {}, "seq2seq": dict(gumbel=False, embedding_values=False, full_focus=False,
+                                          transcoder=False)}
 
 
 def model_config(name, **overrides):
@@ -102,7 +104,8 @@ class Seq2Attn(Module):
         if cfg.cell not in ("gru", "lstm"):
             raise ValueError(f"unknown cell {cfg.cell!r}; valid: gru, lstm")
         if cfg.full_focus and cfg.embedding_values and E != H:
-            raise ValueError(f"full focus multiplies the context (size d_embedding={E}) with the decoder state "
+            raise ValueError(f"full focus multiplies the context (size d_embedding={E}) with the "
+                             "decoder state "
                              f"(size d_hidden={H}): they must be equal")
         if cfg.n_layers < 1 or not 0 <= cfg.teacher_forcing <= 1 or not 0 <= cfg.dropout < 1:
             raise ValueError("need n_layers ≥ 1, 0 ≤ teacher_forcing ≤ 1 and 0 ≤ dropout < 1")
@@ -125,7 +128,8 @@ class Seq2Attn(Module):
                 p.data = rng.uniform(-cfg.init_range, cfg.init_range, p.shape).astype(p.dtype)
 
     def encode(self, src, lengths):
-        """Embeddings (B, n, E), encoder outputs (B, n, H) and each row's final state (at its length)."""
+        """Embeddings (B, n, E), encoder outputs (B, n, H) and each row's final state (at its
+        length)."""
         B, n = src.shape
         emb = self.embed_in(src)
         state, outputs, states = self.encoder.zero_state(B, emb.data), [], []
@@ -139,10 +143,12 @@ class Seq2Attn(Module):
         return emb, F.stack(outputs, axis=1), final
 
     def decode(self, src, src_lengths, steps, tgt=None, teacher_forcing=0.0):
-        """Run ``steps`` decoding steps; returns logits (B, steps, V_out) and the list of α_t (B, n).
+        """Run ``steps`` decoding steps; returns logits (B, steps, V_out) and the list of α_t (B,
+        n).
 
         With ``tgt`` (B, ≥ steps) each sequence is fed its gold prefix with probability
-        ``teacher_forcing`` (one draw per sequence, docs/seq2attn.md §1.6), else its own argmax predictions."""
+        ``teacher_forcing`` (one draw per sequence, docs/seq2attn.md §1.6), else its own argmax
+        predictions."""
         B, n = src.shape
         if n == 0:
             raise ValueError("decode: empty source sequences")
@@ -179,7 +185,8 @@ class Seq2Attn(Module):
         return F.stack(logits, axis=1), weights
 
     def loss(self, src, src_lengths, tgt, tgt_lengths):
-        """Σ_t −log p(y_t) per sequence (padding excluded), averaged over the batch (docs/seq2attn.md §1.6).
+        """Σ_t −log p(y_t) per sequence (padding excluded), averaged over the batch
+        (docs/seq2attn.md §1.6).
 
         ``tgt`` (B, m) ends each row with <eos> at position tgt_lengths − 1. In training the
         configured teacher forcing applies; at evaluation (eval_mode() or model.eval()) the model

@@ -1,13 +1,13 @@
-"""The post-LN encoder–decoder Transformer of the Abstractor paper's Keras code (docs/abstractor.md §4–5): its
-Transformer baseline (``transformer-seq2seq``), the frame its Abstractor models (models/abstractor.py) plug
-into by overriding ``encode``, and CoDA's variant with CoDA everywhere (``transformer-seq2seq-coda``,
-docs/coda.md §6).
+"""The post-LN encoder–decoder Transformer of the Abstractor paper's Keras code
+(docs/abstractor.md §4–5): its Transformer baseline (``transformer-seq2seq``), the frame its Abstractor
+models (models/abstractor.py) plug into by overriding ``encode``, and CoDA's variant with CoDA everywhere
+(``transformer-seq2seq-coda``, docs/coda.md §6).
 
-It differs from the NDR encoder's PostLNLayer (models/encoder.py): dropout on the FF output only (none on
-the attention output or the FF hidden layer), LayerNorm ε 1e-3, and attention heads that are each d_model
-wide with biases (docs/abstractor.md §5: the parameter counts need this). Attention modules come from
-``Seq2SeqTransformer.attention``, so a variant (e.g. CoDA) swaps all three kinds (encoder self, decoder
-causal self, cross) by overriding one method.
+It differs from the NDR encoder's PostLNLayer (models/encoder.py): dropout on the FF output only
+(none on the attention output or the FF hidden layer), LayerNorm ε 1e-3, and attention heads that
+are each d_model wide with biases (docs/abstractor.md §5: the parameter counts need this). Attention
+modules come from ``Seq2SeqTransformer.attention``, so a variant (e.g. CoDA) swaps all three kinds
+(encoder self, decoder causal self, cross) by overriding one method.
 """
 import dataclasses
 import math
@@ -19,15 +19,18 @@ from .. import backend
 from .. import functional as F
 from ..attention.coda import CoDAConfig, CoDAttention
 from ..attention.multihead import MultiHeadAttention, check_init
-from ..nn import Dropout, Embedding, FeedForward, LayerNorm, Linear, Module, sinusoidal_positions, xavier_uniform
+from ..nn import (Dropout, Embedding, FeedForward, LayerNorm, Linear, Module, sinusoidal_positions,
+                  xavier_uniform)
 
 
 @dataclass
 class EncoderDecoderConfig:
-    """Hyperparameters of the encoder–decoder (defaults: the sorting Transformer, docs/abstractor.md §6.1)."""
+    """Hyperparameters of the encoder–decoder (defaults: the sorting Transformer,
+    docs/abstractor.md §6.1)."""
     d_model: int = 64
     n_head: int = 2
-    d_head: int = 0                  # q/k/v size per head; 0 = d_model (the Abstractor code, docs/abstractor.md §1.2)
+    # q/k/v size per head; 0 = d_model (the Abstractor code, docs/abstractor.md §1.2)
+    d_head: int = 0
     d_ff: int = 64
     n_encoder_layers: int = 4
     n_decoder_layers: int = 4
@@ -36,7 +39,8 @@ class EncoderDecoderConfig:
     ln_eps: float = 1e-3             # Keras' default
     pe_layout: str = "concat"        # sinusoidal positions: "concat" (sin | cos halves) or "interleaved"
     decoder_form: str = "paper"      # several contexts: "paper" (Alg. 2) or "code" (a full layer per context)
-    init: str = "default"            # "keras": the reference code's kernels and zero biases (docs/abstractor.md §5.1)
+    # "keras": the reference code's kernels and zero biases (docs/abstractor.md §5.1)
+    init: str = "default"
 
 
 def dense(d_in, d_out, rng):
@@ -47,15 +51,16 @@ def dense(d_in, d_out, rng):
 
 
 def keras_attention(cfg, rng):
-    """Softmax MHA as in the Keras code: biases on q, k, v, o and heads d_head (default d_model) wide;
-    ``cfg.init`` "keras" also draws its kernels as Keras does (docs/abstractor.md §5.1)."""
+    """Softmax MHA as in the Keras code: biases on q, k, v, o and heads d_head (default d_model)
+    wide; ``cfg.init`` "keras" also draws its kernels as Keras does (docs/abstractor.md §5.1)."""
     return MultiHeadAttention(cfg.d_model, cfg.n_head, cfg.attention_dropout, rng,
                               d_head=cfg.d_head or cfg.d_model, bias=True, init=cfg.init)
 
 
 class FeedForwardBlock(Module):
-    """x ← LN(x + Drop(W2 ReLU(W1 x + b1) + b2)): the FF sub-layer of every block here (docs/abstractor.md §3).
-    W1, W2 Glorot-uniform; b1, b2 PyTorch's U(±1/√fan_in), or 0 (Keras' Dense) with ``cfg.init`` "keras"."""
+    """x ← LN(x + Drop(W2 ReLU(W1 x + b1) + b2)): the FF sub-layer of every block here
+    (docs/abstractor.md §3). W1, W2 Glorot-uniform; b1, b2 PyTorch's U(±1/√fan_in), or 0 (Keras'
+    Dense) with ``cfg.init`` "keras"."""
 
     def __init__(self, cfg, rng):
         self.ff = FeedForward(cfg.d_model, cfg.d_ff, 0.0, rng, xavier=True)
@@ -84,7 +89,8 @@ class EncoderLayer(Module):
 class DecoderLayer(Module):
     """y ← LN(y + CausalMHA(y)); for each of its contexts C_i: y ← LN(y + MHA(Q = y, K = V = C_i));
     y ← FF block. With one context this is the standard decoder layer; with several, a layer of the
-    multi-attention decoder (paper Algorithm 2). ``context_ids`` say which of the model's contexts it reads."""
+    multi-attention decoder (paper Algorithm 2). ``context_ids`` say which of the model's contexts
+    it reads."""
 
     def __init__(self, cfg, rng, attention, context_ids=(0,)):
         self.context_ids = tuple(context_ids)
@@ -95,20 +101,22 @@ class DecoderLayer(Module):
         self.ffn = FeedForwardBlock(cfg, rng)
 
     def forward(self, y, contexts, key_mask=None):
-        """Teacher forcing: y (B, T, d); contexts: list of (B, S, d); key_mask (B, S) marks their real positions."""
+        """Teacher forcing: y (B, T, d); contexts: list of (B, S, d); key_mask (B, S) marks their
+        real positions."""
         y = self.self_norm(y + self.self_attn(y, causal=True))
         for i, attn, norm in zip(self.context_ids, self.cross, self.cross_norms):
             y = norm(y + attn(y, context=contexts[i], key_mask=key_mask))
         return self.ffn(y)
 
     def start(self, contexts):
-        """The decoding state of this layer: keys and values of its contexts (projected once) and of the
-        positions decoded so far (none yet)."""
-        return {"cross": [attn.kv(contexts[i]) for i, attn in zip(self.context_ids, self.cross)], "self": None}
+        """The decoding state of this layer: keys and values of its contexts (projected once) and of
+        the positions decoded so far (none yet)."""
+        return {"cross": [attn.kv(contexts[i]) for i, attn in zip(self.context_ids, self.cross)],
+                "self": None}
 
     def step(self, y, state, key_mask=None):
-        """Greedy decoding: y (B, 1, d) is the newest position; it may attend to every earlier one, so no
-        causal mask is needed. Appends its own keys and values to ``state``."""
+        """Greedy decoding: y (B, 1, d) is the newest position; it may attend to every earlier one,
+        so no causal mask is needed. Appends its own keys and values to ``state``."""
         if y.shape[1] != 1:
             raise ValueError(f"a decoding step takes one new position, got {y.shape[1]}")
         k, v = self.self_attn.kv(y)
@@ -123,15 +131,16 @@ class DecoderLayer(Module):
 
 class Seq2SeqTransformer(Module):
     """Encoder–decoder Transformer (Vaswani et al. 2017) in the form of the Abstractor code
-    (docs/abstractor.md §4): source → Dense (vectors of size ``d_src``) or Embedding (``n_src_tokens`` ids); targets → Embedding;
-    each ×√d + PE, then Dropout; encoder layers; decoder layers that attend to the contexts ``encode`` returns;
-    a Dense head gives the logits (no final LayerNorm). ``n_contexts`` > 1 makes the decoder a multi-attention
-    decoder.
+    (docs/abstractor.md §4): source → Dense (vectors of size ``d_src``) or Embedding
+    (``n_src_tokens`` ids); targets → Embedding; each ×√d + PE, then Dropout; encoder layers;
+    decoder layers that attend to the contexts ``encode`` returns; a Dense head gives the logits (no
+    final LayerNorm). ``n_contexts`` > 1 makes the decoder a multi-attention decoder.
 
-    ``forward`` is teacher forcing. ``greedy`` decodes from a start token, feeding back each argmax (output
-    class c is target token c): it runs ``encode`` once, projects the contexts' keys and values once per
-    layer and keeps those of the decoded positions, so each step computes only the newest position (the
-    same result as re-running the decoder on the prefix: causality makes it so).
+    ``forward`` is teacher forcing. ``greedy`` decodes from a start token, feeding back each argmax
+    (output class c is target token c): it runs ``encode`` once, projects the contexts' keys and
+    values once per layer and keeps those of the decoded positions, so each step computes only the
+    newest position (the same result as re-running the decoder on the prefix: causality makes it
+    so).
     """
 
     def __init__(self, n_tgt_tokens, n_classes, cfg, d_src=None, n_src_tokens=None, seed=0, n_contexts=1):
@@ -146,7 +155,8 @@ class Seq2SeqTransformer(Module):
 
         def attention(role):
             return self.attention(role, rng)
-        emb = rng.uniform(-0.05, 0.05, (n_tgt_tokens, d)).astype(backend.DEFAULT_DTYPE)   # Keras' Embedding init
+        # Keras' Embedding init
+        emb = rng.uniform(-0.05, 0.05, (n_tgt_tokens, d)).astype(backend.DEFAULT_DTYPE)
         if d_src is not None:
             self.src_embed = dense(d_src, d, rng)
         else:
@@ -155,8 +165,10 @@ class Seq2SeqTransformer(Module):
         self.tgt_embed = Embedding(n_tgt_tokens, d, weight=emb)
         self.encoder = [EncoderLayer(cfg, rng, attention) for _ in range(cfg.n_encoder_layers)]
         # paper form: each layer reads every context; code form: one full layer per (layer, context)
-        groups = [tuple(range(n_contexts))] if cfg.decoder_form == "paper" else [(i,) for i in range(n_contexts)]
-        self.decoder = [DecoderLayer(cfg, rng, attention, ids) for _ in range(cfg.n_decoder_layers) for ids in groups]
+        groups = ([tuple(range(n_contexts))] if cfg.decoder_form == "paper"
+                  else [(i,) for i in range(n_contexts)])
+        self.decoder = [DecoderLayer(cfg, rng, attention, ids) for _ in range(cfg.n_decoder_layers)
+                        for ids in groups]
         self.head = dense(d, n_classes, rng)
         self.dropout = Dropout(cfg.dropout)
         self.pe = sinusoidal_positions(64, d, cfg.pe_layout)
@@ -169,7 +181,8 @@ class Seq2SeqTransformer(Module):
         """Dropout(h·√d + PE[offset : offset + T]) for embedded inputs h (B, T, d)."""
         T = h.shape[1]
         if offset + T > len(self.pe):
-            self.pe = backend.to_device(sinusoidal_positions(2 * (offset + T), self.cfg.d_model, self.cfg.pe_layout),
+            self.pe = backend.to_device(sinusoidal_positions(2 * (offset + T), self.cfg.d_model,
+                                                             self.cfg.pe_layout),
                                         backend.device_of(h.data))
         return self.dropout(h * math.sqrt(self.cfg.d_model) + self.pe[offset:offset + T])
 
@@ -187,13 +200,13 @@ class Seq2SeqTransformer(Module):
         return self.head(y)
 
     def forward(self, src, tgt_in, src_mask=None):
-        """src (B, S, d_src) floats or (B, S) ids; tgt_in (B, T) ids [start, y_1..y_{T−1}]; src_mask (B, S)
-        True at real positions. Returns logits (B, T, n_classes)."""
+        """src (B, S, d_src) floats or (B, S) ids; tgt_in (B, T) ids [start, y_1..y_{T−1}]; src_mask
+        (B, S) True at real positions. Returns logits (B, T, n_classes)."""
         return self.decode(self.encode(src, src_mask), tgt_in, src_mask)
 
     def greedy(self, src, n_steps, start, src_mask=None):
-        """Greedy decoding, for evaluation (model.eval(), under no_grad()). Returns (tokens (B, n_steps) int
-        array, logits (B, n_steps, n_classes) Tensor)."""
+        """Greedy decoding, for evaluation (model.eval(), under no_grad()). Returns (tokens (B,
+        n_steps) int array, logits (B, n_steps, n_classes) Tensor)."""
         contexts = self.encode(src, src_mask)
         xp = backend.array_module(contexts[0].data)
         tok = xp.full((contexts[0].shape[0], 1), start, dtype=np.int64)
@@ -209,25 +222,29 @@ class Seq2SeqTransformer(Module):
 
 
 class CoDASeq2SeqTransformer(Seq2SeqTransformer):
-    """``transformer-seq2seq-coda`` (docs/coda.md §6): encoder self-, decoder causal self- and cross-attention
-    are all CoDA (attention/coda.py) with the same projections as ``keras_attention``; CoDA's options come from
-    the config's ``coda_*`` fields. Decoder roles take Mean(·) per query row, so that centring never lets a
-    position see later ones (and greedy decoding equals teacher forcing)."""
+    """``transformer-seq2seq-coda`` (docs/coda.md §6): encoder self-, decoder causal self- and
+    cross-attention are all CoDA (attention/coda.py) with the same projections as
+    ``keras_attention``; CoDA's options come from the config's ``coda_*`` fields. Decoder roles take
+    Mean(·) per query row, so that centring never lets a position see later ones (and greedy
+    decoding equals teacher forcing)."""
 
     def attention(self, role, rng):
         cfg = self.cfg
         return CoDAttention.from_config(cfg, cfg.d_model, cfg.n_head, cfg.attention_dropout, rng,
-                                        d_head=cfg.d_head or cfg.d_model, bias=True, row_mean=role != "encoder",
+                                        d_head=cfg.d_head or cfg.d_model, bias=True,
+                                        row_mean=role != "encoder",
                                         init=cfg.init)
 
 
 @dataclass
 class CoDAEncoderDecoderConfig(CoDAConfig, EncoderDecoderConfig):
-    """EncoderDecoderConfig plus CoDA's options (``coda_*``, read only by ``transformer-seq2seq-coda``)."""
+    """EncoderDecoderConfig plus CoDA's options (``coda_*``, read only by
+    ``transformer-seq2seq-coda``)."""
 
 
-# The token-input encoder–decoders by name (MLU): the class that builds each, the gate its training log
-# follows (``gate_mean``; as in models/encoder.py ``Architecture``), and the settings it never reads (``ignores``).
+# The token-input encoder–decoders by name (MLU): the class that builds each, the gate its training
+# log follows (``gate_mean``; as in models/encoder.py ``Architecture``), and the settings it never
+# reads (``ignores``).
 MODELS = {
     "transformer-seq2seq": dict(build=Seq2SeqTransformer, gate=None,
                                 ignores=tuple(f.name for f in dataclasses.fields(CoDAConfig))),

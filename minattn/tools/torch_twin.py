@@ -2,13 +2,14 @@
 
     python -m minattn.tools.torch_twin [--device gpu|cpu] [--preset paper|cpu] [--repeat N]
 
-torch is not a dependency of minattn: this module is only run where torch is installed (the GPU machines
-have it). ``TorchNDR`` computes what ``minattn.models.encoder.Classifier("ndr", ...)`` computes, op for op
-(Csordás et al. 2022, §3 Eqs. 5–10: geometric attention in log space, the directional term, the copy
-gate), and ``TorchNDR.load(model)`` copies a minattn model's weights into it, so that
-``tests/test_torch_twin.py`` can check that both give the same logits and gradients before any time is
-compared. Timing: one training step (forward, backward, gradient clipping, AdamW) on a fixed batch, the
-median of ``--repeat`` timings, minattn and torch in the same process on the same device.
+torch is not a dependency of minattn: this module is only run where torch is installed (the GPU
+machines have it). ``TorchNDR`` computes what ``minattn.models.encoder.Classifier("ndr", ...)``
+computes, op for op (Csordás et al. 2022, §3 Eqs. 5–10: geometric attention in log space, the
+directional term, the copy gate), and ``TorchNDR.load(model)`` copies a minattn model's weights into
+it, so that ``tests/test_torch_twin.py`` can check that both give the same logits and gradients
+before any time is compared. Timing: one training step (forward, backward, gradient clipping, AdamW)
+on a fixed batch, the median of ``--repeat`` timings, minattn and torch in the same process on the
+same device.
 """
 import argparse
 import sys
@@ -23,8 +24,9 @@ from minattn.models.encoder import Classifier
 
 from .bench import timeit, train_step
 
-# one training step of NDR on CTL at a preset of its recipe (model, batch, lr, weight decay, clipping as the
-# runs have them); T = 7: CTL's training sequences are 4–8 tokens with SOS and EOS, bucketed.
+# one training step of NDR on CTL at a preset of its recipe (model, batch, lr, weight decay,
+# clipping as the runs have them); T = 7: CTL's training sequences are 4–8 tokens with SOS and EOS,
+# bucketed.
 PRESETS, T = ("paper", "cpu"), 7
 
 
@@ -32,7 +34,8 @@ def _torch():
     try:
         import torch
     except ImportError:
-        raise SystemExit("error: minattn.tools.torch_twin needs PyTorch (pip install torch); minattn itself does not")
+        raise SystemExit("error: minattn.tools.torch_twin needs PyTorch (pip install torch); "
+                         "minattn itself does not")
     return torch
 
 
@@ -41,7 +44,8 @@ def build_twin(torch):
     nn = torch.nn
 
     class TorchNDR(nn.Module):
-        """Classifier("ndr") in PyTorch: same parameters (stored as minattn stores them: x @ W), same ops."""
+        """Classifier("ndr") in PyTorch: same parameters (stored as minattn stores them: x @ W),
+        same ops."""
 
         def __init__(self, n_tokens, n_classes, cfg):
             super().__init__()
@@ -49,7 +53,8 @@ def build_twin(torch):
             self.cfg, self.H = cfg, H
             P = lambda *shape: nn.Parameter(torch.zeros(*shape))
             self.embedding = P(n_tokens + 2, d)
-            self.w_qkv, self.b_q, self.w_s, self.b_s, self.w_o = P(d, 3 * d), P(d), P(d, 2 * H), P(2 * H), P(d, d)
+            self.w_qkv, self.b_q, self.w_o = P(d, 3 * d), P(d), P(d, d)
+            self.w_s, self.b_s = P(d, 2 * H), P(2 * H)
             self.alpha, self.beta, self.gamma = P(1), P(1), P(1)
             self.norm_merge, self.norm_out = nn.LayerNorm(d), nn.LayerNorm(d)
             self.w1, self.b1 = P(d, f + d), P(f + d)          # [W1 of the feed-forward | W1 of the gate]
@@ -79,14 +84,16 @@ def build_twin(torch):
             return self
 
         def constants(self, T, device):
-            """minattn's scan order (perm, inv) and mask j > i (``right``) for length T, as torch tensors."""
+            """minattn's scan order (perm, inv) and mask j > i (``right``) for length T, as torch
+            tensors."""
             if (T, device) not in self.consts:
                 _, perm, inv, right, _ = constants(T, np.zeros((), np.float32))
                 self.consts[T, device] = tuple(torch.as_tensor(a, device=device) for a in (perm, inv, right))
             return self.consts[T, device]
 
         def attention(self, x, key_mask):
-            """Geometric attention with the directional term (Eqs. 7–10), as minattn's GeometricAttention."""
+            """Geometric attention with the directional term (Eqs. 7–10), as minattn's
+            GeometricAttention."""
             B, T, C = x.shape
             H, cfg = self.H, self.cfg
             dh = C // H
@@ -129,7 +136,8 @@ def build_twin(torch):
 
 
 def compare(preset="paper", device="cpu", repeat=5):
-    """ms per training step of minattn's NDR and of its torch twin, same shapes, same device, one process."""
+    """ms per training step of minattn's NDR and of its torch twin, same shapes, same device, one
+    process."""
     torch = _torch()
     run = recipe_for("ctl").config("ctl", "ndr", preset)
     cfg, B = run.model_config, run.batch_size
@@ -141,7 +149,8 @@ def compare(preset="paper", device="cpu", repeat=5):
     model = Classifier("ndr", 19, 8, cfg).to(device)
     x_, len_, y_ = xp.asarray(ids), xp.full(B, T), xp.asarray(y)
     opt = optim.AdamW(model.parameters(), lr=run.lr, weight_decay=run.weight_decay)
-    step = train_step(model, opt, lambda: F.cross_entropy(model(x_, len_), y_), backend.RNG(0, device), run.grad_clip)
+    loss = lambda: F.cross_entropy(model(x_, len_), y_)  # noqa: E731
+    step = train_step(model, opt, loss, backend.RNG(0, device), run.grad_clip)
     t_minattn = timeit(step, xp, repeat, min_time=1.0)
 
     twin = build_twin(torch)(19, 8, cfg).load(Classifier("ndr", 19, 8, cfg)).to(tdev)
@@ -157,9 +166,11 @@ def compare(preset="paper", device="cpu", repeat=5):
 
     sync = torch.cuda.synchronize if tdev == "cuda" else None
     t_torch = timeit(torch_step, np, repeat, min_time=1.0, sync=sync)
-    print(f"NDR on CTL, {preset} preset (d {cfg.d_model}, d_ff {cfg.d_ff}, {cfg.n_head} head, {cfg.n_steps} steps), "
+    print(f"NDR on CTL, {preset} preset (d {cfg.d_model}, d_ff {cfg.d_ff}, {cfg.n_head} head, "
+          f"{cfg.n_steps} steps), "
           f"batch {B}×{T}, one training step (forward, backward, clip, AdamW) on {device}:")
-    print(f"  minattn {t_minattn * 1e3:7.1f} ms/step   torch {torch.__version__} eager {t_torch * 1e3:7.1f} ms/step   "
+    print(f"  minattn {t_minattn * 1e3:7.1f} ms/step   torch {torch.__version__} eager "
+          f"{t_torch * 1e3:7.1f} ms/step   "
           f"minattn/torch {t_minattn / t_torch:5.2f}")
     return t_minattn, t_torch
 
