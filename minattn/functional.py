@@ -7,8 +7,9 @@ follow PyTorch's, with NumPy's ``axis=`` keyword.
 from .backend import array_module, default_rng, device_of
 from .engine import Tensor, is_training
 from .ops import (abs, broadcast_to, concat, cross_entropy, cumsum, embedding, exp, layer_norm, linear,  # noqa: F401
-                  log, log_softmax, logsigmoid, masked_fill, matmul, max, maximum, mean, minimum, relu, reshape,
-                  sigmoid, softmax, softplus, sqrt, stack, straight_through, sum, swapaxes, tanh, transpose, where)
+                  log, log_softmax, logsigmoid, masked_fill, matmul, max, maximum, mean, merge_heads, minimum,
+                  relu, reshape, sigmoid, softmax, softplus, split_heads, sqrt, stack, straight_through, sum,
+                  swapaxes, tanh, transpose, where)
 
 
 # The logit a forbidden key gets before a softmax or sigmoid: finite, so that a row with every key masked stays

@@ -204,10 +204,10 @@ class GeometricAttention(Module):
         B, T, C = x.shape
         H, dh = self.n_head, self.d_head
         W, b = self.once("in_projection", self.in_projection)
-        y = F.linear(x.reshape(B * T, C), W, b)                                   # (B·T, 3C + 2H)
-        qkv = y[:, :3 * C].reshape(B, T, 3, H, dh).transpose(2, 0, 3, 1, 4)
-        q, k, v = qkv[0], self.key_dropout(qkv[1]), qkv[2]                        # (B, H, T, dh) each
-        s = y[:, 3 * C:].reshape(B, T, H, 2).transpose(0, 2, 1, 3)                # (B, H, T, 2): (s←, s→)
+        y = F.linear(x, W, b)                                                     # (B, T, 3C + 2H)
+        q, k, v = (F.split_heads(y, i * C, H, dh) for i in range(3))              # (B, H, T, dh) each
+        k = self.key_dropout(k)
+        s = F.split_heads(y, 3 * C, H, 2)                                         # (B, H, T, 2): (s←, s→)
         rows, perm, inv, right, sides = constants(T, x.data)
         qk = q @ k.swapaxes(-1, -2)                                               # (B, H, T, T)
         if not is_plain():
@@ -217,8 +217,7 @@ class GeometricAttention(Module):
         A = geometric_attention_weights(z, normalize=self.normalize, invalid=self._invalid(key_mask, T, x.data))
         if self.record:  # kept for analysis and plots (see UniversalEncoder's trace)
             self.last_weights = A
-        y = (A @ v).transpose(0, 2, 1, 3).reshape(B * T, C) @ self.w_o           # (B·T, C)
-        y = y.reshape(B, T, C)
+        y = F.linear(F.merge_heads(A @ v), self.w_o)                              # (B, T, C)
         return (y, A) if return_weights else y
 
     def _invalid(self, key_mask, T, like):

@@ -4,7 +4,7 @@ deterministic on every device, unlike a scatter-add with float atomics."""
 import numpy as np
 
 from ..backend import array_module, device_of, to_device
-from ..engine import Function, Tensor, faster
+from ..engine import Function, Tensor, faster, is_plain
 
 # ---------------------------------------------------------------------------------------------
 # Shape and indexing
@@ -44,6 +44,40 @@ class SwapAxes(Function):
 
     def backward(self, gy):
         return gy.swapaxes(self.a, self.b)
+
+
+class SplitHeads(Function):
+    """Columns [start, start + H·dh) of x (B, T, n) as H heads (B, H, T, dh): a slice, a reshape and a
+    transpose (minGPT's ``.view(B, T, nh, hs).transpose(1, 2)``; ``split_heads_composed``) as one view and
+    one node, not three. The backward is the inverse view, then the slice's own (``faster(GetItem)``: on
+    the annex path the gradients of all of x's slices land side by side in one concatenate). Attention
+    cuts q, k, v (and NDR's s) out of one projection: 4 nodes per application instead of 9."""
+
+    def __init__(self, start, n_head, d_head):
+        self.start, self.n_head, self.d_head = start, n_head, d_head
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        columns = slice(self.start, self.start + self.n_head * self.d_head)
+        self.cut = faster(GetItem)((slice(None), slice(None), columns))
+        return self.cut.forward(x).reshape(B, T, self.n_head, self.d_head).transpose(0, 2, 1, 3)
+
+    def backward(self, gy):
+        B, H, T, dh = gy.shape
+        return self.cut.backward(gy.transpose(0, 2, 1, 3).reshape(B, T, H * dh))
+
+
+class MergeHeads(Function):
+    """(B, H, T, dh) → (B, T, H·dh), the heads side by side again: ``merge_heads_composed``'s transpose
+    and reshape as one node."""
+
+    def forward(self, x):
+        B, H, T, dh = self.shape = x.shape
+        return x.transpose(0, 2, 1, 3).reshape(B, T, H * dh)
+
+    def backward(self, gy):
+        B, H, T, dh = self.shape
+        return gy.reshape(B, T, H, dh).transpose(0, 2, 1, 3)
 
 
 def _array_kind(i):
@@ -181,6 +215,30 @@ def swapaxes(x, a, b):
 
 def getitem(x, index):
     return faster(GetItem)(index)(x)
+
+
+def split_heads_composed(x, start, n_head, d_head):
+    """x[..., start:start + H·dh] of x (B, T, n) as (B, H, T, dh), composed of three view ops."""
+    B, T, _ = x.shape
+    return x[:, :, start:start + n_head * d_head].reshape(B, T, n_head, d_head).transpose(0, 2, 1, 3)
+
+
+def split_heads(x, start, n_head, d_head):
+    if not is_plain():
+        return SplitHeads(start, n_head, d_head)(x)
+    return split_heads_composed(x, start, n_head, d_head)
+
+
+def merge_heads_composed(x):
+    """(B, H, T, dh) → (B, T, H·dh), composed of two view ops."""
+    B, H, T, dh = x.shape
+    return x.transpose(0, 2, 1, 3).reshape(B, T, H * dh)
+
+
+def merge_heads(x):
+    if not is_plain():
+        return MergeHeads()(x)
+    return merge_heads_composed(x)
 
 
 def concat(xs, axis=0):
