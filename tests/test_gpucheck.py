@@ -78,3 +78,17 @@ def test_torch_twin_refuses_an_unknown_preset_in_one_line(capsys):
     assert torch_twin.main(["--device", "cpu", "--preset", "paper,huge"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "paper, cpu" in err and "huge" in err
+
+
+def test_the_kernels_part_prints_a_line_per_kernel_and_names_the_one_that_differs(monkeypatch, capsys):
+    """On the CPU the kernels' launch code runs on NumPy transcriptions of their CUDA (test_kernels.py)."""
+    from .test_kernels import emulate
+    emulate(monkeypatch)
+    assert gpucheck.main(["--device", "cpu", "--only", "kernels"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("  equal  max rel. diff") == 7
+    assert "kernels PASS  7 kernel forms equal to their definitions" in out
+    emulate(monkeypatch, plant="left key wins ties")
+    assert gpucheck.main(["--device", "cpu", "--only", "kernels"]) == 1
+    out = capsys.readouterr().out
+    assert "kernels FAIL  2 kernel(s) differ from their definitions: geometric weights (Eq. 7), the" in out

@@ -21,3 +21,4 @@ accumulation, one parameter at a time, composed forms, nothing shared. tests/tes
 shows that both paths are the same library; a reader may delete this folder and still have one.
 """
 from . import accumulate, flat, grouped, shared_layer, slices  # noqa: F401  (each registers itself)
+from . import kernels  # noqa: F401,E402  (the GPU tier: registers its forms only with MINATTN_KERNELS=1)

@@ -31,6 +31,8 @@ from ..attention.compositional import CompositionalAttention
 from ..attention.geometric import GeometricAttention
 from ..attention.multihead import MultiHeadAttention
 from ..attention.relative import RelativeMultiHeadAttention
+from ..engine import faster
+from ..nn import gated_mix, linear_relu_dropout, residual_norm
 from ..nn import Dropout, Embedding, FeedForward, LayerNorm, Linear, Module, sinusoidal_positions, xavier_uniform
 
 
@@ -97,18 +99,18 @@ class CopyGateLayer(Module):
 
     def forward(self, h, key_mask=None):
         B, T, d = h.shape
-        a = self.norm_merge(h + self.drop_att(self.attn(h, key_mask=key_mask)))
+        a = faster(residual_norm)(self.norm_merge, h, self.drop_att, self.attn(h, key_mask=key_mask))
         # FF(a) = W2 Drop(ReLU(W1 a + b1)) + b2 and the gate's FF_g(a) read the same a: their first layers
         # are one matmul, one ReLU and one dropout over d_ff + d columns (on a GPU: launches once, not twice).
         W1, b1 = self.once("first_layers", self.first_layers)
-        hidden = self.ff.dropout(F.relu(F.linear(a.reshape(B * T, d), W1, b1)))      # (B·T, d_ff + d)
+        hidden = faster(linear_relu_dropout)(a.reshape(B * T, d), W1, b1, self.ff.dropout)   # (B·T, d_ff + d)
         f = self.ff.fc2(hidden[:, :self.ff.fc1.weight.shape[1]])
         u = F.tanh(f) if self.tanh_out else self.norm_out(f)
-        g = self.gate_dropout(F.sigmoid(self.gate.fc2(hidden[:, -d:])))
-        u, g = u.reshape(B, T, d), g.reshape(B, T, d)
+        # g = Drop(σ(G2 · + c2)); h' = h + g ⊙ (u − h) = g ⊙ u + (1 − g) ⊙ h, using the pre-attention h
+        h_next, g = faster(gated_mix)(h, u, hidden[:, -d:], self.gate.fc2, self.gate_dropout)
         if self.record:
             self.last_gate = g
-        return h + g * (u - h)               # = g ⊙ u + (1 − g) ⊙ h, using the pre-attention h
+        return h_next
 
 
 @dataclass

@@ -36,6 +36,7 @@ import traceback
 import numpy as np
 
 from minattn import backend
+from minattn.fast import kernels
 
 
 def _inplace(name):
@@ -320,6 +321,20 @@ counting_xp = _CountingModule()
 backend.register_device("counting", counting_xp, CountingArray)
 
 
+@contextlib.contextmanager
+def one_launch(what):
+    """A GPU kernel's NumPy definition (minattn/fast/kernels.py), counted as the one launch it is on CuPy."""
+    launches, sites = COUNTER.launches.copy(), COUNTER.sites.copy()
+    try:
+        yield
+    finally:
+        COUNTER.launches, COUNTER.sites = launches, sites
+        COUNTER.launch(1, "kernel " + what)
+
+
+kernels.count_as_one_launch("counting", one_launch)   # used where the kernels are on (--kernels)
+
+
 # ------------------------------------------------------------------------------------------------------
 # One training step of each model family, counted per phase
 # ------------------------------------------------------------------------------------------------------
@@ -435,6 +450,9 @@ def table(only=None):
 
 
 if __name__ == "__main__":
+    if "--kernels" in sys.argv:   # the GPU tier on (MINATTN_KERNELS=1): each kernel counts one launch
+        sys.argv.remove("--kernels")
+        kernels.switch(True)
     if len(sys.argv) > 1 and sys.argv[1] == "--detail":  # where the launches of one family come from
         COUNTER.detail = True
         model, loss_fn, opt, clip, rng = dict(families())[sys.argv[2]]() if len(sys.argv) > 2 else ndr_ctl_step()

@@ -31,7 +31,7 @@ import numpy as np
 from minattn import backend
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PARTS = ("tests", "bench", "resume", "torch")
+PARTS = ("tests", "kernels", "bench", "resume", "torch")
 
 
 def _run(argv, env=None):
@@ -113,7 +113,144 @@ def check_torch(device, opts):
     return code == 0 and bool(timing), (timing[0] if timing else f"exit status {code}")
 
 
-CHECKS = {"tests": check_tests, "bench": check_bench, "resume": check_resume, "torch": check_torch}
+# --- kernels: each GPU kernel of the annex (minattn/fast/kernels.py) against its NumPy definition ---------
+
+TOLERANCE = 1e-5   # float32: the largest difference, relative to the largest entry of the definition's array
+
+
+def compare(ref, got, tol=TOLERANCE):
+    """(largest relative difference, ties, problem or None) for two dicts of host arrays: each array within
+    ``tol`` of the definition's, relative to its largest entry, and the same argmax along its last axis in
+    every row, except the rows where the definition's own top two are closer than ``tol`` (ties, counted)."""
+    worst, ties = 0.0, 0
+    for name, r in ref.items():
+        g = got[name]
+        if g.shape != r.shape or not np.all(np.isfinite(g)):
+            return worst, ties, f"{name}: shape {g.shape} vs {r.shape}, or not finite"
+        rows = (-1, r.shape[-1] if r.ndim else 1)
+        r, g = r.astype(np.float64).reshape(rows), g.astype(np.float64).reshape(rows)
+        scale = max(np.abs(r).max(initial=0.0), 1e-30)
+        rel = np.abs(g - r).max(initial=0.0) / scale
+        worst = max(worst, rel)
+        if rel > tol:
+            return worst, ties, f"{name}: relative difference {rel:.1e} > {tol:.0e}"
+        top2 = -np.sort(-r, axis=1)[:, :2]
+        tie = (top2[:, 0] - top2[:, -1] < tol * scale) if r.shape[1] > 1 else np.zeros(len(r), bool)
+        differ = (g.argmax(axis=1) != r.argmax(axis=1)) & ~tie
+        ties += int(tie.sum())
+        if differ.any():
+            return worst, ties, f"{name}: another argmax in {int(differ.sum())} of {len(r)} rows"
+    return worst, ties, None
+
+
+def _forward_backward(device, fn, *inputs, seed=1):
+    """fn(*tensors) on ``device`` and its backward for a fixed random output gradient: the output and every
+    input's gradient, as host arrays. ``inputs``: host arrays, or Modules (their parameters' gradients)."""
+    from minattn.engine import Tensor
+    from minattn.nn import Module
+    ins = [a.to(device) if isinstance(a, Module) else Tensor(backend.to_device(a, device), requires_grad=True)
+           for a in inputs]
+    y = fn(*ins)
+    gy = np.random.default_rng(seed).standard_normal(y.shape).astype(np.float32)
+    y.backward(backend.to_device(gy, device))
+    grads = {f"grad {i}": t.grad for i, t in enumerate(ins) if not isinstance(t, Module)}
+    for i, m in enumerate(ins):
+        if isinstance(m, Module):
+            grads.update({f"grad {i}.{n}": p.grad for n, p in m.named_parameters()})
+    return {"forward": backend.to_numpy(y.data), **{k: backend.to_numpy(g) for k, g in grads.items()}}
+
+
+def kernel_cases():
+    """(name, case(device) -> host arrays) for each kernel form: fixed inputs with padding, a width d that is
+    not a multiple of 32, dropout masks drawn from a fixed stream (the same in every run)."""
+    from minattn import functional as F
+    from minattn import nn
+    from minattn.attention.geometric import DirectionalLogits, GeometricAttention, geometric_attention_weights
+    from minattn.engine import faster
+    from minattn.models.encoder import CopyGateLayer, EncoderConfig
+    B, H, T, d, r = 4, 2, 9, 72, np.random.default_rng(0)
+    i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+    key_mask = j[0] < np.array([T, T - 2, 5, 1])[:, None]                  # padding; one row with one key
+
+    def normal(*shape):
+        return r.standard_normal(shape).astype(np.float32)
+    qk, s, abc, z = normal(B, H, T, T), normal(B, H, T, 2), normal(3), 3 * normal(B, H, T, T)
+    x, h, rows, w1, b1 = normal(B, T, d), normal(B, T, d), normal(B * T, d), normal(d, 50), normal(50)
+    norm_weight, norm_bias = 1 + 0.1 * normal(d), 0.1 * normal(d)
+
+    def dropout(dev, p=0.3, **kw):
+        return nn.Dropout(p, rng=backend.RNG(7, dev), **kw)
+
+    def norm():
+        m = nn.LayerNorm(d)
+        m.weight.data, m.bias.data = norm_weight, norm_bias
+        return m
+
+    def logits(dev):
+        sides = np.stack([j <= i, j > i], 1).astype(np.float32)               # (T, 2, T): j ≤ i | j > i
+        right, sides = backend.to_device(j > i, dev), backend.to_device(sides, dev)
+        return _forward_backward(dev, lambda q, s_, a: faster(DirectionalLogits)(right, sides)(
+            q, s_, a[:1], a[1:2], a[2:]), qk, s, abc)
+
+    def weights(dev):
+        mask = backend.to_device(key_mask, dev)
+        return _forward_backward(dev, lambda z_: geometric_attention_weights(z_, mask), z)
+
+    def layer_norm(dev):
+        return _forward_backward(dev, lambda x_, n: F.layer_norm(x_, n.weight, n.bias), x, norm())
+
+    def residual_norm(dev):
+        return _forward_backward(dev, lambda h_, x_, n: faster(nn.residual_norm)(n, h_, dropout(dev), x_),
+                                 h, x, norm())
+
+    def relu(dev):
+        return _forward_backward(dev, lambda x_, w, b: faster(nn.linear_relu_dropout)(x_, w, b, dropout(dev)),
+                                 rows, w1, b1)
+
+    def gate(dev):
+        gate_dropout = dropout(dev, 0.1, scale=False, shared_axes=(-1,))
+        mix = faster(nn.gated_mix)
+        return _forward_backward(dev, lambda h_, u, x_, fc: mix(h_, u, x_, fc, gate_dropout)[0],
+                                 h, rows, rows * 0.5, nn.Linear(d, d))
+
+    def layer(dev):
+        cfg, rng = EncoderConfig(d_model=d, n_head=H, d_ff=2 * d, dropout=0.3), np.random.default_rng(0)
+        m = CopyGateLayer(GeometricAttention(d, H, 0.1, rng=rng), cfg, rng).to(dev)
+        m.set_rng(backend.RNG(7, dev))
+        return _forward_backward(dev, lambda h_, m_: m_(h_, key_mask=backend.to_device(key_mask, dev)), h, m)
+
+    return [("directional logits (Eqs. 9-10)", logits), ("geometric weights (Eq. 7)", weights),
+            ("layer norm", layer_norm), ("residual + dropout + layer norm", residual_norm),
+            ("bias + ReLU + dropout", relu), ("copy gate (Eqs. 5-6)", gate),
+            ("the NDR copy-gate layer, all of them", layer)]
+
+
+def check_kernels(device, _):
+    """Each kernel form with the kernels on against the same code with them off (its definition)."""
+    from minattn.engine import plain
+    from minattn.fast import kernels
+    if device not in kernels.KERNEL_DEVICES:
+        print(f"(on {device} no kernel runs: each definition is compared with itself)")
+    failed, worst = [], 0.0
+    for name, case in kernel_cases():
+        with plain(False):
+            with kernels.switched(False):
+                ref = case(device)
+            with kernels.switched(True):
+                got = case(device)
+        rel, ties, problem = compare(ref, got)
+        worst = max(worst, rel)
+        print(f"  {name:40s} {'DIFFERS' if problem else 'equal'}  max rel. diff {rel:.1e}, "
+              f"same argmax ({ties} ties)" + (f": {problem}" if problem else ""), flush=True)
+        if problem:
+            failed.append(name)
+    if failed:
+        return False, f"{len(failed)} kernel(s) differ from their definitions: {', '.join(failed)}"
+    return True, f"{len(kernel_cases())} kernel forms equal to their definitions (max rel. diff {worst:.1e})"
+
+
+CHECKS = {"tests": check_tests, "bench": check_bench, "resume": check_resume, "torch": check_torch,
+          "kernels": check_kernels}
 
 
 def main(argv=None):

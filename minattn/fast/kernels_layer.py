@@ -1,0 +1,251 @@
+"""GPU tier (see kernels.py): the copy-gate layer's chains (NDR, docs/ndr.md §2; models/encoder.py
+``CopyGateLayer``) as kernels.
+
+* LayerNorm, and residual + dropout + LayerNorm (``a = LN(h + Drop(Attn(h)))``): one warp per row, its
+  sums butterfly shuffles in a fixed order; definitions ``GroupedLayerNorm`` (ops/fused.py) and
+  ``nn.residual_norm``.
+  The weight and bias gradients stay the grouped ``ProductSum`` / the engine's sum, as today.
+* The feed-forward's hidden layer, bias + ReLU + dropout: definition ``nn.linear_relu_dropout``.
+* The copy gate, bias + σ + gate dropout + h + g(u − h) (Eqs. 5–6): definition ``nn.gated_mix``.
+
+The matmuls stay cuBLAS calls (``F.matmul``); each kernel takes the product without its bias.
+Measured saving: none yet (no GPU run).
+"""
+import numpy as np
+
+from .. import functional as F
+from .. import nn
+from ..backend import array_module
+from ..engine import Tensor
+from ..ops.fused import LayerNorm
+from .grouped import GroupedLayerNorm, ProductSum
+from .kernels import FORMS, KernelFunction, elementwise_source, kernel, mode, raw_source
+
+_WARP_SUM = r"""
+__device__ float warp_sum(float v) {     // butterfly: every lane gets the sum, in the same order each run
+    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+"""
+
+NORM = raw_source("ndr_layer_norm", _WARP_SUM + r"""
+// LayerNorm over the last axis (LayerNorm.forward), one warp per row, lane l on entries l, l + 32, ...:
+// v = res + x * mask (flags residual, masked), mu = mean v, rstd = 1 / sqrt(mean (v - mu)^2 + eps),
+// xhat = (v - mu) rstd, y = xhat w + b. xhat holds v, then v - mu, then xhat (each lane its own entries).
+extern "C" __global__ void ndr_layer_norm(const float* x, const float* res, const float* mask,
+        const float* w, const float* b, float* y, float* xhat, float* rstd,
+        int rows, int d, float eps, int residual, int masked) {
+    int row = blockIdx.x * blockDim.y + threadIdx.y, lane = threadIdx.x;
+    if (row >= rows) return;                                    // the whole warp leaves together
+    long long o = (long long)row * d;
+    float s = 0.f;
+    for (int k = lane; k < d; k += 32) {
+        float v = masked ? x[o + k] * mask[o + k] : x[o + k];
+        if (residual) v = res[o + k] + v;
+        xhat[o + k] = v;
+        s += v;
+    }
+    float mu = warp_sum(s) / d;
+    s = 0.f;
+    for (int k = lane; k < d; k += 32) { float c = xhat[o + k] - mu; xhat[o + k] = c; s += c * c; }
+    float r = 1.f / sqrtf(warp_sum(s) / d + eps);
+    for (int k = lane; k < d; k += 32) {
+        float c = xhat[o + k] * r;
+        xhat[o + k] = c;
+        y[o + k] = c * w[k] + b[k];
+    }
+    if (lane == 0) rstd[row] = r;
+}
+""")
+
+NORM_BACKWARD = raw_source("ndr_layer_norm_backward", _WARP_SUM + r"""
+// LayerNorm backward (LayerNorm.grad_x), one warp per row: with gw = gy w,
+// gv = rstd (gw - mean gw - xhat mean(gw xhat)); the residual gets gv, the dropped-out x gets gv mask.
+extern "C" __global__ void ndr_layer_norm_backward(const float* gy, const float* xhat, const float* rstd,
+        const float* w, const float* mask, float* gv, float* gx, int rows, int d, int masked) {
+    int row = blockIdx.x * blockDim.y + threadIdx.y, lane = threadIdx.x;
+    if (row >= rows) return;
+    long long o = (long long)row * d;
+    float s1 = 0.f, s2 = 0.f;
+    for (int k = lane; k < d; k += 32) { float g = gy[o + k] * w[k]; s1 += g; s2 += g * xhat[o + k]; }
+    float m1 = warp_sum(s1) / d, m2 = warp_sum(s2) / d, r = rstd[row];
+    for (int k = lane; k < d; k += 32) {
+        float v = r * (gy[o + k] * w[k] - m1 - xhat[o + k] * m2);
+        gv[o + k] = v;
+        if (masked) gx[o + k] = v * mask[o + k];
+    }
+}
+""")
+
+FF = elementwise_source(
+    "ndr_bias_relu_dropout", "float32 y, float32 b, float32 m", "float32 out",
+    "out = fmaxf(y + b, 0.f) * m;   // Drop(ReLU(x W1 + b1)): y = x W1, m the dropout mask")
+FF_BACKWARD = elementwise_source(
+    "ndr_bias_relu_dropout_backward", "float32 go, float32 out, float32 m", "float32 gy",
+    "gy = out > 0.f ? go * m : 0.f;   // out > 0 exactly where the ReLU and the mask let it through")
+
+GATE = elementwise_source(
+    "ndr_copy_gate", "float32 pre, float32 c, float32 u, float32 h, float32 m", "float32 out, float32 g",
+    """
+    // Eqs. 5-6: g = Drop(sigma(pre + c2)), sigma as ops' Sigmoid: 0.5 (tanh(x / 2) + 1); h' = h + g (u - h)
+    g = 0.5f * (tanhf(0.5f * (pre + c)) + 1.f) * m;
+    out = h + g * (u - h);
+    """)
+GATE_BACKWARD = elementwise_source(
+    "ndr_copy_gate_backward", "float32 go, float32 pre, float32 c, float32 u, float32 h, float32 m",
+    "float32 gpre, float32 gu, float32 gh",
+    """
+    float s = 0.5f * (tanhf(0.5f * (pre + c)) + 1.f);
+    gu = go * (s * m);                          // dh'/du = g
+    gh = go - gu;                               // dh'/dh = 1 - g
+    gpre = go * (u - h) * m * s * (1.f - s);    // through the mask and sigma' = sigma (1 - sigma)
+    """)
+
+
+class LayerNormKernel(KernelFunction, GroupedLayerNorm):
+    """LayerNorm as one kernel each way (both norms of the copy-gate layer, every LayerNorm on CuPy); equals
+    ``GroupedLayerNorm`` (its definition): forward 10 array operations → 1, backward ~7 → 1."""
+    define, define_backward = GroupedLayerNorm.forward, GroupedLayerNorm.backward
+    mask = None
+
+    def launch(self, x, weight, bias):
+        return self._norm(x, None, weight, bias)
+
+    def _norm(self, x, res, weight, bias):
+        xp, d = array_module(x), x.shape[-1]
+        x, rows = xp.ascontiguousarray(x), x.size // d
+        y, self.xhat, self.weight = xp.empty_like(x), xp.empty_like(x), weight
+        self.rstd = xp.empty(x.shape[:-1] + (1,), x.dtype)
+        self.masked = self.mask is not None
+        if self.masked:
+            self.mask = xp.ascontiguousarray(xp.broadcast_to(self.mask, x.shape))
+        args = (x, x if res is None else xp.ascontiguousarray(res), self.mask if self.masked else x, weight,
+                bias, y, self.xhat, self.rstd, np.int32(rows), np.int32(d), np.float32(self.eps),
+                np.int32(res is not None), np.int32(self.masked))
+        kernel(NORM, xp)(((rows + 3) // 4,), (32, 4), args)           # 4 warps a block, a warp a row
+        return y
+
+    def _grad(self, gy):
+        xp, d = array_module(gy), gy.shape[-1]
+        gy, rows = xp.ascontiguousarray(gy), gy.size // d
+        gv = xp.empty_like(gy)
+        gx = xp.empty_like(gy) if self.masked else gv
+        kernel(NORM_BACKWARD, xp)(((rows + 3) // 4,), (32, 4), (gy, self.xhat, self.rstd, self.weight,
+                                  self.mask if self.masked else gy, gv, gx, np.int32(rows), np.int32(d),
+                                  np.int32(self.masked)))
+        return gv, gx
+
+    def launch_backward(self, gy):
+        return self._grad(gy)[0], ProductSum(gy, self.xhat, self.weight.shape), gy
+
+
+class ResidualNorm(LayerNormKernel):
+    """LN(h + x ⊙ mask) (``nn.residual_norm`` with the dropout's mask), inputs (x, h, weight, bias); its
+    definition is the residual add and the dropout's multiply before ``GroupedLayerNorm``."""
+
+    def __init__(self, mask, eps):
+        super().__init__(eps)
+        self.mask = mask
+
+    def define(self, x, h, weight, bias):
+        return GroupedLayerNorm.forward(self, h + (x if self.mask is None else x * self.mask), weight, bias)
+
+    def define_backward(self, gy):
+        gv, gw, gb = GroupedLayerNorm.backward(self, gy)
+        return (gv if self.mask is None else gv * self.mask), gv, gw, gb
+
+    def launch(self, x, h, weight, bias):
+        return self._norm(x, h, weight, bias)
+
+    def launch_backward(self, gy):
+        gv, gx = self._grad(gy)
+        return gx, gv, ProductSum(gy, self.xhat, self.weight.shape), gy
+
+
+def residual_norm(norm, h, dropout, x):
+    """Kernel form of ``nn.residual_norm``: the mask drawn as ``Dropout`` draws it, then one kernel."""
+    if mode(x.data) is None:
+        return nn.residual_norm(norm, h, dropout, x)
+    return ResidualNorm(dropout.draw(x), norm.eps)(x, h, norm.weight, norm.bias)
+
+
+class BiasReluDropout(KernelFunction):
+    """Drop(ReLU(y + b)) for y = x W; its definition is ops' Linear bias add, ReLU and Dropout (forward 4
+    array operations → 1, backward 2 → 1; b's gradient is the engine's sum over rows)."""
+
+    def __init__(self, mask):
+        self.mask = mask
+
+    def define(self, y, b):
+        pre = y + b
+        self.relu = pre > 0
+        out = pre * self.relu
+        return out if self.mask is None else out * self.mask
+
+    def define_backward(self, g):
+        g = (g if self.mask is None else g * self.mask) * self.relu
+        return g, g
+
+    def launch(self, y, b):
+        self.m = np.float32(1) if self.mask is None else self.mask
+        self.out = kernel(FF, array_module(y))(y, b, self.m)
+        return self.out
+
+    def launch_backward(self, g):
+        gy = kernel(FF_BACKWARD, array_module(g))(g, self.out, self.m)
+        return gy, gy
+
+
+def linear_relu_dropout(x, w, b, dropout):
+    """Kernel form of ``nn.linear_relu_dropout``: the matmul (cuBLAS), then one kernel."""
+    if mode(x.data) is None:
+        return nn.linear_relu_dropout(x, w, b, dropout)
+    y = F.matmul(x, w)
+    return BiasReluDropout(dropout.draw(y))(y, b)
+
+
+class GateMix(KernelFunction):
+    """h' = h + g ⊙ (u − h), g = σ(pre + c) ⊙ mask (NDR Eqs. 5–6 with gate dropout), inputs (pre, c, u, h);
+    its definition is ops' Linear bias add, Sigmoid, Dropout and the mix (forward ~8 array operations → 1,
+    backward ~8 → 1). ``g`` (h's shape) is kept for ``CopyGateLayer.last_gate``."""
+
+    def __init__(self, mask):
+        self.mask = mask
+
+    def define(self, pre, c, u, h):
+        xp = array_module(pre)
+        self.s = 0.5 * (xp.tanh(0.5 * (pre + c)) + 1)               # σ as ops.elementwise.Sigmoid
+        g = self.s if self.mask is None else self.s * self.mask
+        self.g, self.diff, self.u_shape = g.reshape(h.shape), u.reshape(h.shape) - h, u.shape
+        return h + self.g * self.diff
+
+    def define_backward(self, go):
+        gu = go * self.g
+        gpre = (go * self.diff).reshape(self.s.shape)
+        gpre = (gpre if self.mask is None else gpre * self.mask) * self.s * (1 - self.s)
+        return gpre, gpre, gu.reshape(self.u_shape), go - gu
+
+    def launch(self, pre, c, u, h):
+        self.m = np.float32(1) if self.mask is None else self.mask
+        self.args = (pre, c, u.reshape(pre.shape), h.reshape(pre.shape), self.m)
+        self.u_shape, self.h_shape = u.shape, h.shape
+        out, g = kernel(GATE, array_module(pre))(*self.args)
+        self.g = g.reshape(h.shape)
+        return out.reshape(h.shape)
+
+    def launch_backward(self, go):
+        gpre, gu, gh = kernel(GATE_BACKWARD, array_module(go))(go.reshape(self.args[0].shape), *self.args)
+        return gpre, gpre, gu.reshape(self.u_shape), gh.reshape(self.h_shape)
+
+
+def gated_mix(h, u, x, linear, dropout):
+    """Kernel form of ``nn.gated_mix``: the matmul (cuBLAS), then one kernel; the gate is returned as data."""
+    if mode(h.data) is None:
+        return nn.gated_mix(h, u, x, linear, dropout)
+    pre = F.matmul(x, linear.weight)
+    fn = GateMix(dropout.draw(pre))
+    return fn(pre, linear.bias, u, h), Tensor(fn.g)
+
+
+FORMS.extend([(LayerNorm, LayerNormKernel), (nn.residual_norm, residual_norm),
+              (nn.linear_relu_dropout, linear_relu_dropout), (nn.gated_mix, gated_mix)])
