@@ -1,27 +1,27 @@
-"""Annex, GPU tier: the three hottest chains of NDR's step as CUDA kernels beside their NumPy definitions
-(issue 41 item 2; the study: shared/reviews/gpu-step.md §3.3, ideas 1–3).
+"""Annex, GPU tier: the three hottest chains of NDR's step as CUDA kernels beside their NumPy
+definitions (issue 41 item 2; the study: shared/reviews/gpu-step.md §3.3, ideas 1–3).
 
-    file                  chain (forward and backward)         seam                            kernels
-    kernels_geometric.py  directional logits, NDR Eqs. 9–10    faster(DirectionalLogits)       Elementwise, Raw
-                          geometric weights, Eq. 7             faster(GeometricWeights)        2 Raw
-    kernels_layer.py      LayerNorm                            faster(LayerNorm)               2 Raw (warps)
-                          residual + dropout + LayerNorm       faster(nn.residual_norm)        the same 2
-                          bias + ReLU + dropout                faster(nn.linear_relu_dropout)  2 Elementwise
-                          copy gate: bias + σ + dropout + mix  faster(nn.gated_mix)            2 Elementwise
+    file                  chain (forward and backward)      seam (2 kernels each)
+    kernels_geometric.py  directional logits, Eqs. 9–10     faster(DirectionalLogits)
+                          geometric weights, Eq. 7          faster(GeometricWeights)
+    kernels_layer.py      LayerNorm (a warp per row)        faster(LayerNorm)
+                          residual + dropout + LayerNorm    faster(nn.residual_norm)  (the same 2)
+                          bias + ReLU + dropout             faster(nn.linear_relu_dropout)
+                          copy gate: bias, σ, dropout, mix  faster(nn.gated_mix)
 
-Each kernel is a ``KernelFunction``: on CuPy (float32) its forward and backward launch the kernel; anywhere
-else they run its NumPy definition, which is the op the core already has (the class it subclasses, or the
-chain's plain form in minattn/nn.py). The definition is also the kernel's test oracle (tests/test_kernels.py,
-``make gpu-check``'s ``kernels`` part). Dropout masks are drawn by the same ``Dropout`` calls in the same
-order (``Dropout.draw``), so a run's random stream does not change; no kernel uses atomics (a sum is one
-thread's loop or one warp's butterfly, in a fixed order), so a GPU run stays deterministic and ``--resume``
-bit-exact.
+Each kernel is a ``KernelFunction``: on CuPy (float32) its forward and backward launch the kernel;
+anywhere else they run its NumPy definition, the op the core already has (the class it subclasses,
+or the chain's plain form in minattn/nn.py). The definition is also the kernel's test oracle
+(tests/test_kernels.py, ``make gpu-check``'s ``kernels`` part). Dropout masks are drawn by the same
+``Dropout`` calls in the same order (``Dropout.draw``), so a run's random stream does not change. No
+kernel uses atomics (a sum is one thread's loop or one warp's butterfly, in a fixed order), so a GPU
+run stays deterministic and ``--resume`` bit-exact.
 
-OFF BY DEFAULT: no GPU has measured them yet (issue 41: "keep a kernel only if its saving is measured on a
-GPU"). ``MINATTN_KERNELS=1`` in the environment (or ``switch(True)`` in code) turns them on; MINATTN_PLAIN=1
-turns them off with the rest of the annex. Measured saving: none yet (no GPU run). Counted (the operation
-counter, ``python -m minattn.tools.counting --kernels``, each kernel one device operation): see
-``kernels_layer.py`` and the issue's closing note.
+OFF BY DEFAULT: no GPU has measured them yet (issue 41: "keep a kernel only if its saving is
+measured on a GPU"). ``MINATTN_KERNELS=1`` in the environment (or ``switch(True)``) turns them on;
+MINATTN_PLAIN=1 turns them off with the rest of the annex. Measured saving: none yet (no GPU run).
+Counted: ``python -m minattn.tools.counting --kernels`` counts each kernel as one device operation;
+at 0d99e5d it gave 848 per NDR step at the cpu preset, against 1,870 without (the same counter).
 """
 import contextlib
 import os
@@ -36,22 +36,22 @@ class _Switch:
     on = os.environ.get("MINATTN_KERNELS", "") not in ("", "0")
 
 
-# Where the counting device (minattn/tools/counting.py) counts a definition as ONE device operation: a
-# device name -> a context manager factory ``one_launch(what)`` (the library never imports the tools).
+# Where the counting device (minattn/tools/counting.py) counts a definition as ONE device operation:
+# a device name -> a context manager factory ``one_launch(what)`` (the library never imports tools).
 _ONE_LAUNCH = {}
 
 
 def count_as_one_launch(device, one_launch):
-    """Let ``device`` (a counting test device) run each kernel's definition inside ``one_launch(name)``."""
+    """Let ``device`` (a counting test device) run each kernel's definition in ``one_launch()``."""
     _ONE_LAUNCH[device] = one_launch
 
 
-KERNEL_DEVICES = {"gpu"}   # whose arrays the kernels run on: CuPy's (tests add "cpu", with emulated kernels)
+KERNEL_DEVICES = {"gpu"}   # whose arrays the kernels run on: CuPy's (tests add "cpu", emulated)
 
 
 def mode(x):
-    """How a kernel form runs on the data ``x``: "kernel" (CuPy, float32), "count" (a counting device),
-    or None (its definition, as if there were no kernel)."""
+    """How a kernel form runs on the data ``x``: "kernel" (CuPy, float32), "count" (a counting
+    device), or None (its definition, as if there were no kernel)."""
     device = backend.device_of(x)
     if device in KERNEL_DEVICES and x.dtype == np.float32:
         return "kernel"
@@ -64,10 +64,10 @@ def _as_one_launch(x, what):
 
 
 class KernelFunction(Function):
-    """A Function whose forward and backward launch CUDA kernels on CuPy and run its definition elsewhere.
+    """A Function whose forward and backward launch kernels on CuPy, elsewhere run its definition.
 
     Subclasses give ``define(*xs)`` / ``define_backward(gy)`` (any array module: the definition) and
-    ``launch(*xs)`` / ``launch_backward(gy)`` (CuPy). ``SOURCES`` holds the CUDA of their kernels."""
+    ``launch(*xs)`` / ``launch_backward(gy)`` (CuPy). ``SOURCES`` holds their kernels' CUDA."""
 
     def forward(self, *xs):
         self.mode = mode(xs[0])
@@ -83,8 +83,8 @@ class KernelFunction(Function):
             return self.define_backward(gy)
 
 
-# name -> ("raw", CUDA source) or ("elementwise", (in_params, out_params, operation)): every kernel source
-# of the GPU tier, for the NVRTC compile check (tests/test_kernels.py).
+# name -> ("raw", CUDA source) or ("elementwise", (in_params, out_params, operation)): every kernel
+# source of the GPU tier, for the NVRTC compile check (tests/test_kernels.py).
 SOURCES = {}
 
 
@@ -102,10 +102,11 @@ _COMPILED = {}
 
 
 def kernel(name, xp):
-    """The CuPy kernel ``name`` of SOURCES, created once (CuPy compiles it with NVRTC at its first launch)."""
+    """The CuPy kernel ``name`` of SOURCES, made once (NVRTC compiles it at its first launch)."""
     if name not in _COMPILED:
         kind, src = SOURCES[name]
-        _COMPILED[name] = xp.RawKernel(src, name) if kind == "raw" else xp.ElementwiseKernel(*src, name=name)
+        make = xp.RawKernel(src, name) if kind == "raw" else xp.ElementwiseKernel(*src, name=name)
+        _COMPILED[name] = make
     return _COMPILED[name]
 
 
@@ -114,14 +115,14 @@ def launch_rows(xp, name, rows, args, per_block=128):
     kernel(name, xp)(((rows + per_block - 1) // per_block,), (per_block,), args)
 
 
-# --- the switch -------------------------------------------------------------------------------------
+# --- the switch ----------------------------------------------------------------------------------
 
 FORMS = []      # (plain form, kernel form), filled by the kernels_* files
 _saved = {}
 
 
 def switch(on=True):
-    """Register the kernel forms (``faster(plain form)`` returns them) or put back what was there."""
+    """Register the kernel forms (``faster(plain form)`` returns them) or put back what was."""
     _Switch.on = on
     for plain_form, kernel_form in FORMS:
         if on and plain_form not in _saved:

@@ -1,10 +1,10 @@
 """GPU tier (see kernels.py): the copy-gate layer's chains (NDR, docs/ndr.md §2; models/encoder.py
 ``CopyGateLayer``) as kernels.
 
-* LayerNorm, and residual + dropout + LayerNorm (``a = LN(h + Drop(Attn(h)))``): one warp per row, its
-  sums butterfly shuffles in a fixed order; definitions ``GroupedLayerNorm`` (ops/fused.py) and
-  ``nn.residual_norm``.
-  The weight and bias gradients stay the grouped ``ProductSum`` / the engine's sum, as today.
+* LayerNorm, and residual + dropout + LayerNorm (``a = LN(h + Drop(Attn(h)))``): one warp per row,
+  its sums butterfly shuffles in a fixed order; definitions ``GroupedLayerNorm`` (ops/fused.py) and
+  ``nn.residual_norm``. The weight and bias gradients stay the grouped ``ProductSum`` and the
+  engine's sum, as today.
 * The feed-forward's hidden layer, bias + ReLU + dropout: definition ``nn.linear_relu_dropout``.
 * The copy gate, bias + σ + gate dropout + h + g(u − h) (Eqs. 5–6): definition ``nn.gated_mix``.
 
@@ -22,16 +22,16 @@ from .grouped import GroupedLayerNorm, ProductSum
 from .kernels import FORMS, KernelFunction, elementwise_source, kernel, mode, raw_source
 
 _WARP_SUM = r"""
-__device__ float warp_sum(float v) {     // butterfly: every lane gets the sum, in the same order each run
+__device__ float warp_sum(float v) {   // butterfly: every lane gets the sum, in the same order
     for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
     return v;
 }
 """
 
 NORM = raw_source("ndr_layer_norm", _WARP_SUM + r"""
-// LayerNorm over the last axis (LayerNorm.forward), one warp per row, lane l on entries l, l + 32, ...:
+// LayerNorm over the last axis (LayerNorm.forward), a warp per row, lane l on entries l, l + 32...:
 // v = res + x * mask (flags residual, masked), mu = mean v, rstd = 1 / sqrt(mean (v - mu)^2 + eps),
-// xhat = (v - mu) rstd, y = xhat w + b. xhat holds v, then v - mu, then xhat (each lane its own entries).
+// xhat = (v - mu) rstd, y = xhat w + b. xhat holds v, then v - mu, then xhat (a lane its entries).
 extern "C" __global__ void ndr_layer_norm(const float* x, const float* res, const float* mask,
         const float* w, const float* b, float* y, float* xhat, float* rstd,
         int rows, int d, float eps, int residual, int masked) {
@@ -59,15 +59,20 @@ extern "C" __global__ void ndr_layer_norm(const float* x, const float* res, cons
 """)
 
 NORM_BACKWARD = raw_source("ndr_layer_norm_backward", _WARP_SUM + r"""
-// LayerNorm backward (LayerNorm.grad_x), one warp per row: with gw = gy w,
-// gv = rstd (gw - mean gw - xhat mean(gw xhat)); the residual gets gv, the dropped-out x gets gv mask.
-extern "C" __global__ void ndr_layer_norm_backward(const float* gy, const float* xhat, const float* rstd,
-        const float* w, const float* mask, float* gv, float* gx, int rows, int d, int masked) {
+// LayerNorm backward (LayerNorm.grad_x), a warp per row: with gw = gy w,
+// gv = rstd (gw - mean gw - xhat mean(gw xhat)); the residual gets gv, the dropped-out x gv mask.
+extern "C" __global__ void ndr_layer_norm_backward(const float* gy, const float* xhat,
+        const float* rstd, const float* w, const float* mask, float* gv, float* gx,
+        int rows, int d, int masked) {
     int row = blockIdx.x * blockDim.y + threadIdx.y, lane = threadIdx.x;
     if (row >= rows) return;
     long long o = (long long)row * d;
     float s1 = 0.f, s2 = 0.f;
-    for (int k = lane; k < d; k += 32) { float g = gy[o + k] * w[k]; s1 += g; s2 += g * xhat[o + k]; }
+    for (int k = lane; k < d; k += 32) {
+        float g = gy[o + k] * w[k];
+        s1 += g;
+        s2 += g * xhat[o + k];
+    }
     float m1 = warp_sum(s1) / d, m2 = warp_sum(s2) / d, r = rstd[row];
     for (int k = lane; k < d; k += 32) {
         float v = r * (gy[o + k] * w[k] - m1 - xhat[o + k] * m2);
@@ -82,12 +87,14 @@ FF = elementwise_source(
     "out = fmaxf(y + b, 0.f) * m;   // Drop(ReLU(x W1 + b1)): y = x W1, m the dropout mask")
 FF_BACKWARD = elementwise_source(
     "ndr_bias_relu_dropout_backward", "float32 go, float32 out, float32 m", "float32 gy",
-    "gy = out > 0.f ? go * m : 0.f;   // out > 0 exactly where the ReLU and the mask let it through")
+    "gy = out > 0.f ? go * m : 0.f;   // out > 0 exactly where the ReLU and the mask let it pass")
 
 GATE = elementwise_source(
-    "ndr_copy_gate", "float32 pre, float32 c, float32 u, float32 h, float32 m", "float32 out, float32 g",
+    "ndr_copy_gate", "float32 pre, float32 c, float32 u, float32 h, float32 m",
+    "float32 out, float32 g",
     """
-    // Eqs. 5-6: g = Drop(sigma(pre + c2)), sigma as ops' Sigmoid: 0.5 (tanh(x / 2) + 1); h' = h + g (u - h)
+    // Eqs. 5-6: g = Drop(sigma(pre + c2)), sigma as ops' Sigmoid: 0.5 (tanh(x / 2) + 1);
+    // h' = h + g (u - h)
     g = 0.5f * (tanhf(0.5f * (pre + c)) + 1.f) * m;
     out = h + g * (u - h);
     """)
@@ -102,9 +109,15 @@ GATE_BACKWARD = elementwise_source(
     """)
 
 
+def _warps(rows):
+    """Grid and block for a warp per row: 4 warps a block."""
+    return ((rows + 3) // 4,), (32, 4)
+
+
 class LayerNormKernel(KernelFunction, GroupedLayerNorm):
-    """LayerNorm as one kernel each way (both norms of the copy-gate layer, every LayerNorm on CuPy); equals
-    ``GroupedLayerNorm`` (its definition): forward 10 array operations → 1, backward ~7 → 1."""
+    """LayerNorm as one kernel each way (both norms of the copy-gate layer; every LayerNorm on
+    CuPy); equals ``GroupedLayerNorm`` (its definition): forward 10 array operations → 1, backward
+    ~7 → 1."""
     define, define_backward = GroupedLayerNorm.forward, GroupedLayerNorm.backward
     mask = None
 
@@ -119,10 +132,11 @@ class LayerNormKernel(KernelFunction, GroupedLayerNorm):
         self.masked = self.mask is not None
         if self.masked:
             self.mask = xp.ascontiguousarray(xp.broadcast_to(self.mask, x.shape))
-        args = (x, x if res is None else xp.ascontiguousarray(res), self.mask if self.masked else x, weight,
-                bias, y, self.xhat, self.rstd, np.int32(rows), np.int32(d), np.float32(self.eps),
-                np.int32(res is not None), np.int32(self.masked))
-        kernel(NORM, xp)(((rows + 3) // 4,), (32, 4), args)           # 4 warps a block, a warp a row
+        flags = np.int32(res is not None), np.int32(self.masked)
+        res = x if res is None else xp.ascontiguousarray(res)
+        kernel(NORM, xp)(*_warps(rows), (x, res, self.mask if self.masked else x, weight, bias, y,
+                                          self.xhat, self.rstd, np.int32(rows), np.int32(d),
+                                          np.float32(self.eps)) + flags)
         return y
 
     def _grad(self, gy):
@@ -130,9 +144,9 @@ class LayerNormKernel(KernelFunction, GroupedLayerNorm):
         gy, rows = xp.ascontiguousarray(gy), gy.size // d
         gv = xp.empty_like(gy)
         gx = xp.empty_like(gy) if self.masked else gv
-        kernel(NORM_BACKWARD, xp)(((rows + 3) // 4,), (32, 4), (gy, self.xhat, self.rstd, self.weight,
-                                  self.mask if self.masked else gy, gv, gx, np.int32(rows), np.int32(d),
-                                  np.int32(self.masked)))
+        kernel(NORM_BACKWARD, xp)(*_warps(rows), (
+            gy, self.xhat, self.rstd, self.weight, self.mask if self.masked else gy, gv, gx,
+            np.int32(rows), np.int32(d), np.int32(self.masked)))
         return gv, gx
 
     def launch_backward(self, gy):
@@ -140,15 +154,16 @@ class LayerNormKernel(KernelFunction, GroupedLayerNorm):
 
 
 class ResidualNorm(LayerNormKernel):
-    """LN(h + x ⊙ mask) (``nn.residual_norm`` with the dropout's mask), inputs (x, h, weight, bias); its
-    definition is the residual add and the dropout's multiply before ``GroupedLayerNorm``."""
+    """LN(h + x ⊙ mask) (``nn.residual_norm`` with the dropout's mask), inputs (x, h, weight, bias);
+    its definition is the dropout's multiply and the residual add before ``GroupedLayerNorm``."""
 
     def __init__(self, mask, eps):
         super().__init__(eps)
         self.mask = mask
 
     def define(self, x, h, weight, bias):
-        return GroupedLayerNorm.forward(self, h + (x if self.mask is None else x * self.mask), weight, bias)
+        v = h + (x if self.mask is None else x * self.mask)
+        return GroupedLayerNorm.forward(self, v, weight, bias)
 
     def define_backward(self, gy):
         gv, gw, gb = GroupedLayerNorm.backward(self, gy)
@@ -163,15 +178,15 @@ class ResidualNorm(LayerNormKernel):
 
 
 def residual_norm(norm, h, dropout, x):
-    """Kernel form of ``nn.residual_norm``: the mask drawn as ``Dropout`` draws it, then one kernel."""
+    """Kernel form of ``nn.residual_norm``: the mask drawn as ``Dropout`` draws it, one kernel."""
     if mode(x.data) is None:
         return nn.residual_norm(norm, h, dropout, x)
     return ResidualNorm(dropout.draw(x), norm.eps)(x, h, norm.weight, norm.bias)
 
 
 class BiasReluDropout(KernelFunction):
-    """Drop(ReLU(y + b)) for y = x W; its definition is ops' Linear bias add, ReLU and Dropout (forward 4
-    array operations → 1, backward 2 → 1; b's gradient is the engine's sum over rows)."""
+    """Drop(ReLU(y + b)) for y = x W; its definition is ops' Linear bias add, ReLU and Dropout
+    (forward 4 array operations → 1, backward 2 → 1; b's gradient is the engine's sum over rows)."""
 
     def __init__(self, mask):
         self.mask = mask
@@ -205,9 +220,9 @@ def linear_relu_dropout(x, w, b, dropout):
 
 
 class GateMix(KernelFunction):
-    """h' = h + g ⊙ (u − h), g = σ(pre + c) ⊙ mask (NDR Eqs. 5–6 with gate dropout), inputs (pre, c, u, h);
-    its definition is ops' Linear bias add, Sigmoid, Dropout and the mix (forward ~8 array operations → 1,
-    backward ~8 → 1). ``g`` (h's shape) is kept for ``CopyGateLayer.last_gate``."""
+    """h' = h + g ⊙ (u − h), g = σ(pre + c) ⊙ mask (NDR Eqs. 5–6 with gate dropout), inputs
+    (pre, c, u, h); its definition is ops' Linear bias add, Sigmoid, Dropout and the mix (forward ~8
+    array operations → 1, backward ~8 → 1). ``g`` (h's shape) is kept for ``last_gate``."""
 
     def __init__(self, mask):
         self.mask = mask
@@ -234,12 +249,13 @@ class GateMix(KernelFunction):
         return out.reshape(h.shape)
 
     def launch_backward(self, go):
-        gpre, gu, gh = kernel(GATE_BACKWARD, array_module(go))(go.reshape(self.args[0].shape), *self.args)
+        go = go.reshape(self.args[0].shape)
+        gpre, gu, gh = kernel(GATE_BACKWARD, array_module(go))(go, *self.args)
         return gpre, gpre, gu.reshape(self.u_shape), gh.reshape(self.h_shape)
 
 
 def gated_mix(h, u, x, linear, dropout):
-    """Kernel form of ``nn.gated_mix``: the matmul (cuBLAS), then one kernel; the gate is returned as data."""
+    """Kernel form of ``nn.gated_mix``: the matmul (cuBLAS), then one kernel; the gate as data."""
     if mode(h.data) is None:
         return nn.gated_mix(h, u, x, linear, dropout)
     pre = F.matmul(x, linear.weight)

@@ -3,12 +3,15 @@
 It runs, printing their output as they go, and then one summary line for each:
 
 1. ``tests``:  the GPU test cases (``pytest -m gpu`` with MINATTN_REQUIRE_GPU=1, so a skip is a failure);
-2. ``bench``:  ``python -m minattn.tools.bench --device gpu``;
-3. ``resume``: NDR on CTL at the paper preset for 200 steps, and the same run stopped after 100 steps and
+2. ``kernels``: each GPU kernel of the annex (minattn/fast/kernels.py, off in training unless
+   MINATTN_KERNELS=1) against its NumPy definition on the same inputs: float32, 1e-5 relative to the
+   array's largest entry, the same argmax in every row (a tie in the definition excepted); one line each;
+3. ``bench``:  ``python -m minattn.tools.bench --device gpu``;
+4. ``resume``: NDR on CTL at the paper preset for 200 steps, and the same run stopped after 100 steps and
    resumed to 200: every array of the two final checkpoints (parameters, optimizer state) and the
    final metrics must be bit-identical. Float atomics or a device RNG that does not replay would show
    here first;
-4. ``torch``:  where PyTorch is installed, NDR's training step at the paper's CTL shape against the same
+5. ``torch``:  where PyTorch is installed, NDR's training step at the paper's CTL shape against the same
    model in PyTorch eager on the same device (``python -m minattn.tools.torch_twin``), after
    ``tests/test_torch_twin.py`` has checked that the two compute the same logits and gradients. Without
    torch it passes as "skipped" (torch is no dependency of minattn).
@@ -113,15 +116,16 @@ def check_torch(device, opts):
     return code == 0 and bool(timing), (timing[0] if timing else f"exit status {code}")
 
 
-# --- kernels: each GPU kernel of the annex (minattn/fast/kernels.py) against its NumPy definition ---------
+# --- kernels: each GPU kernel of the annex (minattn/fast/kernels.py) against its definition -------
 
-TOLERANCE = 1e-5   # float32: the largest difference, relative to the largest entry of the definition's array
+TOLERANCE = 1e-5   # float32: the largest difference, relative to the definition's largest entry
 
 
 def compare(ref, got, tol=TOLERANCE):
-    """(largest relative difference, ties, problem or None) for two dicts of host arrays: each array within
-    ``tol`` of the definition's, relative to its largest entry, and the same argmax along its last axis in
-    every row, except the rows where the definition's own top two are closer than ``tol`` (ties, counted)."""
+    """(largest relative difference, ties, problem or None) for two dicts of host arrays: each array
+    within ``tol`` of the definition's, relative to its largest entry, and the same argmax along its
+    last axis in every row but those where the definition's own top two are closer than ``tol``
+    (ties, counted)."""
     worst, ties = 0.0, 0
     for name, r in ref.items():
         g = got[name]
@@ -144,12 +148,12 @@ def compare(ref, got, tol=TOLERANCE):
 
 
 def _forward_backward(device, fn, *inputs, seed=1):
-    """fn(*tensors) on ``device`` and its backward for a fixed random output gradient: the output and every
-    input's gradient, as host arrays. ``inputs``: host arrays, or Modules (their parameters' gradients)."""
+    """fn(*tensors) on ``device`` and its backward for a fixed random output gradient: the output
+    and every input's gradient, as host arrays. ``inputs``: host arrays or Modules (parameters)."""
     from minattn.engine import Tensor
     from minattn.nn import Module
-    ins = [a.to(device) if isinstance(a, Module) else Tensor(backend.to_device(a, device), requires_grad=True)
-           for a in inputs]
+    ins = [a.to(device) if isinstance(a, Module) else
+           Tensor(backend.to_device(a, device), requires_grad=True) for a in inputs]
     y = fn(*ins)
     gy = np.random.default_rng(seed).standard_normal(y.shape).astype(np.float32)
     y.backward(backend.to_device(gy, device))
@@ -157,26 +161,27 @@ def _forward_backward(device, fn, *inputs, seed=1):
     for i, m in enumerate(ins):
         if isinstance(m, Module):
             grads.update({f"grad {i}.{n}": p.grad for n, p in m.named_parameters()})
-    return {"forward": backend.to_numpy(y.data), **{k: backend.to_numpy(g) for k, g in grads.items()}}
+    grads["forward"] = y.data
+    return {k: backend.to_numpy(g) for k, g in grads.items()}
 
 
 def kernel_cases():
-    """(name, case(device) -> host arrays) for each kernel form: fixed inputs with padding, a width d that is
-    not a multiple of 32, dropout masks drawn from a fixed stream (the same in every run)."""
+    """(name, case(device) -> host arrays) for each kernel form: fixed inputs with padding, a width
+    d that is not a multiple of 32, dropout masks drawn from a fixed stream (the same each run)."""
     from minattn import functional as F
     from minattn import nn
-    from minattn.attention.geometric import DirectionalLogits, GeometricAttention, geometric_attention_weights
+    from minattn.attention import geometric as G
     from minattn.engine import faster
     from minattn.models.encoder import CopyGateLayer, EncoderConfig
     B, H, T, d, r = 4, 2, 9, 72, np.random.default_rng(0)
     i, j = np.arange(T)[:, None], np.arange(T)[None, :]
-    key_mask = j[0] < np.array([T, T - 2, 5, 1])[:, None]                  # padding; one row with one key
+    key_mask = j[0] < np.array([T, T - 2, 5, 1])[:, None]          # padding; one row with one key
 
     def normal(*shape):
         return r.standard_normal(shape).astype(np.float32)
     qk, s, abc, z = normal(B, H, T, T), normal(B, H, T, 2), normal(3), 3 * normal(B, H, T, T)
-    x, h, rows, w1, b1 = normal(B, T, d), normal(B, T, d), normal(B * T, d), normal(d, 50), normal(50)
-    norm_weight, norm_bias = 1 + 0.1 * normal(d), 0.1 * normal(d)
+    x, h, rows = normal(B, T, d), normal(B, T, d), normal(B * T, d)
+    w1, b1, norm_weight, norm_bias = normal(d, 50), normal(50), 1 + 0.1 * normal(d), 0.1 * normal(d)
 
     def dropout(dev, p=0.3, **kw):
         return nn.Dropout(p, rng=backend.RNG(7, dev), **kw)
@@ -187,37 +192,39 @@ def kernel_cases():
         return m
 
     def logits(dev):
-        sides = np.stack([j <= i, j > i], 1).astype(np.float32)               # (T, 2, T): j ≤ i | j > i
+        sides = np.stack([j <= i, j > i], 1).astype(np.float32)       # (T, 2, T): j ≤ i | j > i
         right, sides = backend.to_device(j > i, dev), backend.to_device(sides, dev)
-        return _forward_backward(dev, lambda q, s_, a: faster(DirectionalLogits)(right, sides)(
+        return _forward_backward(dev, lambda q, s_, a: faster(G.DirectionalLogits)(right, sides)(
             q, s_, a[:1], a[1:2], a[2:]), qk, s, abc)
 
     def weights(dev):
         mask = backend.to_device(key_mask, dev)
-        return _forward_backward(dev, lambda z_: geometric_attention_weights(z_, mask), z)
+        return _forward_backward(dev, lambda z_: G.geometric_attention_weights(z_, mask), z)
 
     def layer_norm(dev):
         return _forward_backward(dev, lambda x_, n: F.layer_norm(x_, n.weight, n.bias), x, norm())
 
     def residual_norm(dev):
-        return _forward_backward(dev, lambda h_, x_, n: faster(nn.residual_norm)(n, h_, dropout(dev), x_),
+        add_norm = faster(nn.residual_norm)
+        return _forward_backward(dev, lambda h_, x_, n: add_norm(n, h_, dropout(dev), x_),
                                  h, x, norm())
 
     def relu(dev):
-        return _forward_backward(dev, lambda x_, w, b: faster(nn.linear_relu_dropout)(x_, w, b, dropout(dev)),
-                                 rows, w1, b1)
+        hidden = faster(nn.linear_relu_dropout)
+        return _forward_backward(dev, lambda x_, w, b: hidden(x_, w, b, dropout(dev)), rows, w1, b1)
 
     def gate(dev):
-        gate_dropout = dropout(dev, 0.1, scale=False, shared_axes=(-1,))
-        mix = faster(nn.gated_mix)
+        mix, gate_dropout = faster(nn.gated_mix), dropout(dev, 0.1, scale=False, shared_axes=(-1,))
         return _forward_backward(dev, lambda h_, u, x_, fc: mix(h_, u, x_, fc, gate_dropout)[0],
                                  h, rows, rows * 0.5, nn.Linear(d, d))
 
     def layer(dev):
-        cfg, rng = EncoderConfig(d_model=d, n_head=H, d_ff=2 * d, dropout=0.3), np.random.default_rng(0)
-        m = CopyGateLayer(GeometricAttention(d, H, 0.1, rng=rng), cfg, rng).to(dev)
+        cfg = EncoderConfig(d_model=d, n_head=H, d_ff=2 * d, dropout=0.3)
+        rng = np.random.default_rng(0)                            # the same weights in every run
+        m = CopyGateLayer(G.GeometricAttention(d, H, 0.1, rng=rng), cfg, rng).to(dev)
         m.set_rng(backend.RNG(7, dev))
-        return _forward_backward(dev, lambda h_, m_: m_(h_, key_mask=backend.to_device(key_mask, dev)), h, m)
+        mask = backend.to_device(key_mask, dev)
+        return _forward_backward(dev, lambda h_, m_: m_(h_, key_mask=mask), h, m)
 
     return [("directional logits (Eqs. 9-10)", logits), ("geometric weights (Eq. 7)", weights),
             ("layer norm", layer_norm), ("residual + dropout + layer norm", residual_norm),
@@ -231,8 +238,8 @@ def check_kernels(device, _):
     from minattn.fast import kernels
     if device not in kernels.KERNEL_DEVICES:
         print(f"(on {device} no kernel runs: each definition is compared with itself)")
-    failed, worst = [], 0.0
-    for name, case in kernel_cases():
+    failed, worst, cases = [], 0.0, kernel_cases()
+    for name, case in cases:
         with plain(False):
             with kernels.switched(False):
                 ref = case(device)
@@ -246,7 +253,7 @@ def check_kernels(device, _):
             failed.append(name)
     if failed:
         return False, f"{len(failed)} kernel(s) differ from their definitions: {', '.join(failed)}"
-    return True, f"{len(kernel_cases())} kernel forms equal to their definitions (max rel. diff {worst:.1e})"
+    return True, f"{len(cases)} kernel forms equal to their definitions (max rel. diff {worst:.1e})"
 
 
 CHECKS = {"tests": check_tests, "bench": check_bench, "resume": check_resume, "torch": check_torch,
