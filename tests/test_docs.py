@@ -91,3 +91,24 @@ def test_engine_note_works_its_graph_through_the_engine(monkeypatch):
     monkeypatch.setattr(elementwise.Tanh, "backward", lambda self, gy: gy * (1 - self.y))
     with pytest.raises(AssertionError):
         note_code("engine")
+
+
+def test_the_readmes_reading_path_points_at_whole_pieces_of_the_engine():
+    """README's "Read the engine in ten minutes" gives line ranges of engine.py: each starts a piece (the
+    file's first line, a section comment, a def or a class) and ends one, and together they hold the
+    algorithm, so that a change of engine.py that leaves them stale fails here."""
+    import inspect
+
+    from minattn import engine
+    with open(os.path.join(ROOT, "README.md")) as f:
+        ranges = [(int(a), int(b)) for a, b in re.findall(r"`minattn/engine\.py:(\d+)–(\d+)`", f.read())]
+    lines = inspect.getsource(engine).splitlines()
+    assert len(ranges) >= 4
+    for a, b in ranges:
+        starts = a == 1 or lines[a - 1].startswith(("# ---", "def ", "class "))
+        assert starts, f"README: engine.py:{a} starts no piece"
+        assert b == len(lines) or not lines[b].strip(), f"README: engine.py:{b} ends no piece"
+    for obj in (engine.sum_to, engine.Tensor.backward, engine.topological_order, engine.Accumulation,
+                engine.Function):
+        src, start = inspect.getsourcelines(obj)
+        assert any(a <= start and start + len(src) - 1 <= b for a, b in ranges), f"README's path misses {obj}"
