@@ -10,11 +10,11 @@
 | ctl, ctl-backward | compose 3-bit lookup tables, argument first (or last) | ndr.py | docs/ndr.md §7.1 |
 | arith | evaluate a bracketed + and * expression mod 10 | ndr.py | docs/ndr.md §7.2 |
 | listops | evaluate nested MIN/MAX/MED/SM lists | listops.py | docs/ndr.md §7.3 |
-| lookup | apply lookup tables, writing every intermediate result | seq2seq.py | docs/seq2attn.md §2 |
-| scan | translate a SCAN command into actions (one split at a time) | seq2seq.py | docs/seq2attn.md §3 |
-| retrieval | per search, a feature of each object's nearest neighbour | retrieval.py | docs/compositional.md §7 |
-| sort, pairwise, set | sort objects; order a pair; is a triple of cards a SET | objects.py | docs/abstractor.md §6 |
-| mlu | x=85,y=-523,x*y → -44455, character by character | mlu.py | docs/coda.md §5 |
+| lookup | apply lookup tables, writing every intermediate result | seq2attn.py | docs/seq2attn.md §2 |
+| scan | translate a SCAN command into actions (one split at a time) | seq2attn.py | docs/seq2attn.md §3 |
+| retrieval | per search, a feature of each object's nearest neighbour | compositional.py | docs/compositional.md §7 |
+| sort, pairwise, set | sort objects; order a pair; is a triple of cards a SET | abstractor.py | docs/abstractor.md §6 |
+| mlu | x=85,y=-523,x*y → -44455, character by character | coda.py | docs/coda.md §5 |
 
 The generators live in the package (``minattn.data``) behind one interface, described in its
 docstring: ``task.splits``, ``len(split)``, ``split.lines``, ``split.describe()``. The names below

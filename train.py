@@ -1,4 +1,4 @@
-"""Train and evaluate minattn models from the command line.
+"""Train a minattn model: ``train`` reads top to bottom as restore → loop → finish.
 
     python train.py --task ctl --model ndr                 # the cpu preset (fits ~30 min on 2 cores)
     python train.py --task ctl --model ndr --preset paper --device gpu
@@ -7,36 +7,35 @@
 
 One readable loop: batches → loss → backward → clip → AdamW step; every ``--eval-every`` steps an
 evaluation of every split under ``no_grad()``/``eval_mode()``, a line in ``DIR/metrics.jsonl`` and an
-atomic ``DIR/checkpoint.npz`` (model, optimizer, step, best result; NumPy arrays and JSON, never a pickle:
-docs/checkpoints.md); at the end ``DIR/results.json``. One run holds a directory at a time (``DIR/lock``).
-A loss or gradient norm that is not finite stops the run (exit code 3).
+atomic ``DIR/checkpoint.npz`` (model, optimizer, step, best result; NumPy arrays and JSON, never a
+pickle: docs/checkpoints.md); at the end ``DIR/results.json``. One run holds a directory at a time
+(``DIR/lock``). A loss or gradient norm that is not finite stops the run (exit code 3).
 
 What differs between papers (model, presets, batches, loss, evaluation, pictures) is a recipe in
-minattn/lab/recipes/, found by task in its one table ``RECIPES``; the run directory's files (lock, checkpoint,
-log, --report) and the settings by name (--set) are minattn/lab/rundir.py. This file: configuration, the loop, trained runs, the command line.
+minattn/lab/recipes/, found by task in its one table ``RECIPES``. The rest is the lab's: the command line
+and the modes that read a trained run (--evaluate, --plot, --analyze, --report) are minattn/lab/cli.py,
+the settings by name (--set) minattn/lab/settings.py, the run directory's files minattn/lab/rundir.py.
 
-Model selection is each task's ``Selection`` (minattn/lab/recipes/base.py): the NDR paper's (docs/ndr.md §6)
-reports "iid" at the end of training and "test" at the evaluation with the best "valid" accuracy (ties go
-to the later one), with that "best_step"; results.json holds the metrics the recipe's evaluate() returns.
+Model selection is each task's ``Selection`` (minattn/lab/recipes/base.py): the NDR paper's (docs/ndr.md
+§6) reports "iid" at the end of training and "test" at the evaluation with the best "valid" accuracy (ties
+go to the later one), with that "best_step"; results.json holds the metrics the recipe's evaluate() returns.
 
 Randomness: parameters are initialised from ``--seed``; the data order comes from a NumPy generator
 seeded from it; dropout and gate-dropout masks of step k come from ``RNG(seed).reseed(k)``. So
 ``--resume`` replays the data stream up to the saved step and continues bit for bit.
 """
-import argparse
 import dataclasses
 import json
 import math
 import os
-import shlex
 import signal
 import sys
 import time
 
 if __name__ == "__main__":   # a signal while the imports below run (before main() handles it): stop quietly
     for _sig, _code in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
-        signal.signal(_sig, lambda signum, frame, code=_code: (print("interrupted" if code == 130 else "terminated",
-                                                                      file=sys.stderr), os._exit(code)))
+        signal.signal(_sig, lambda signum, frame, code=_code: (
+            print("interrupted" if code == 130 else "terminated", file=sys.stderr), os._exit(code)))
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before NumPy loads BLAS; see README "Speed"
 
@@ -44,48 +43,61 @@ import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from minattn import backend, optim  # noqa: E402
-from minattn.lab import viz  # noqa: E402
-from minattn.lab.errors import UsageError  # noqa: E402
-from minattn.lab.recipes import RECIPES, recipe_for  # noqa: E402
-from minattn.lab.recipes.base import older_metrics, optimizer, schedule, stop_early  # noqa: E402
-from minattn.lab.report import report, run_curves  # noqa: E402
-from minattn.lab.rundir import (CHECKPOINT, Terminated, append_line, convert, handling_signals, identity,  # noqa: E402
-                            load_checkpoint, locked, missing_top, remove_empty, repair_log, running_sums,
-                            save_checkpoint, stop_at_step_end, terminated, to_json, writable, write_atomic)
-from minattn.lab.settings import (make_config, parse_settings, refuse_unread,  # noqa: E402
-                                  resume_check, resume_device, resume_settings, saved_settings, user_values)
+from minattn.lab import cli  # noqa: E402
+from minattn.lab.errors import Diverged, UsageError  # noqa: E402
+from minattn.lab.legacy import old_checkpoint, older_metrics  # noqa: E402
+from minattn.lab.recipes import RECIPES, recipe_for  # noqa: E402, F401 (RECIPES: for scripts and the tests)
+from minattn.lab.recipes.base import optimizer, schedule, stop_early  # noqa: E402
+from minattn.lab.rundir import (CHECKPOINT, Terminated, append_line, identity,  # noqa: E402, F401
+                                load_checkpoint, locked, missing_top, remove_empty, repair_log, running_sums,
+                                save_checkpoint, stop_at_step_end, terminated, to_json, write_atomic)
+from minattn.lab.settings import make_config, resume_check, user_values  # noqa: E402, F401 (make_config: too)
 
 
-class Diverged(Exception):
-    """The loss or the gradient norm became NaN or infinite: printed as one line, exit code 3."""
+@dataclasses.dataclass
+class Sums:
+    """The training numbers of the steps since the last evaluation, summed where they are: on the device,
+    read only when logged. The divergence guard reads them then too, rather than syncing every step: a NaN
+    or inf stays in a sum until it is read."""
+    loss: object = 0.0
+    norm: object = 0.0                 # of the gradients, before clipping (0 without clipping)
+    stats: dict = dataclasses.field(default_factory=dict)   # the recipe's, e.g. correct predictions
+    samples: int = 0
+    batches: int = 0
+
+    def add(self, loss, norm, stats, n):
+        self.loss, self.norm = self.loss + loss, self.norm + norm
+        for k, v in stats.items():
+            self.stats[k] = self.stats.get(k, 0) + v
+        self.samples, self.batches = self.samples + n, self.batches + 1
+
+    def astuple(self):                 # as a checkpoint stores them (rundir.save_checkpoint)
+        return self.loss, self.norm, self.stats, self.samples, self.batches
 
 
-# --- configuration: a recipe's preset, then the command line's overrides ----------------------------------
+@dataclasses.dataclass
+class Run:
+    """A run in progress: what it trains with, then what its checkpoint holds."""
+    cfg: object
+    out_dir: str
+    recipe: object                     # the paper's model, batches, loss and evaluation (lab/recipes/)
+    rule: object                       # its model selection (a ``Selection``)
+    model: object
+    opt: object
+    stream: object                     # the training batches: a pure function of the seed
+    step: int = 0
+    start_step: int = 0                # where this invocation started
+    train_time: float = 0.0            # seconds in training steps (evaluations and checkpoints not counted)
+    history: list = dataclasses.field(default_factory=list)   # the log's entries
+    best: dict = dataclasses.field(default_factory=lambda: {"metric": None, "metrics": {}, "step": None})
+    last: dict = dataclasses.field(default_factory=dict)      # the metrics of the last evaluation
+    selected: dict = None              # the parameters of the selected evaluation (``rule.once``)
+    sums: Sums = dataclasses.field(default_factory=Sums)
+    diverged: str = None               # what was not finite: "training loss" or "gradient norm"
 
-def show_config(cfg, preset):
-    """The resolved run configuration, its task options and its model, one field a line; ``*`` marks the
-    fields a flag or --set changed, with the preset's value in brackets."""
-    lines = [f"{cfg.task} / {cfg.model}, {cfg.preset} preset (* = changed from the preset, its value in brackets)"]
-    for title, now, was in (("run (RunConfig)", cfg, preset),
-                            (f"task options ({type(cfg.options).__name__})", cfg.options, preset.options),
-                            (f"model ({type(cfg.model_config).__name__})", cfg.model_config, preset.model_config)):
-        if now is None:
-            continue
-        lines.append(title + ":")
-        for f in dataclasses.fields(now):
-            value, old = getattr(now, f.name), getattr(was, f.name)
-            if f.name not in ("model_config", "options"):
-                lines.append(f"  * {f.name} = {value!r}   [{old!r}]" if value != old else f"    {f.name} = {value!r}")
-    return "\n".join(lines)
-
-
-# --- the loop ---------------------------------------------------------------------------------------------
-
-def _better(new, old, higher_is_better):
-    """Model selection: ties go to the later evaluation (docs/ndr.md §6)."""
-    if old is None:
-        return True
-    return new >= old if higher_is_better else new <= old
+    @property
+    def log_path(self):
+        return os.path.join(self.out_dir, "metrics.jsonl")
 
 
 def train(cfg, out_dir, resume=False, progress=True):
@@ -95,20 +107,23 @@ def train(cfg, out_dir, resume=False, progress=True):
     created = missing_top(out_dir)   # the first directory of out_dir this run creates (e.g. runs/), if any
     with locked(out_dir):
         try:
-            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):   # the divergence guard says it once
-                return _train(cfg, out_dir, resume, progress)
-        except (UsageError, MemoryError):   # refused before anything was written: leave no empty directory behind
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):   # the guard says it once
+                run = restore(cfg, out_dir, resume)
+                loop(run, progress)
+                return finish(run)
+        except (UsageError, MemoryError):   # refused before anything was written: leave no empty directory
             if created and os.listdir(out_dir) == ["lock"]:
                 os.remove(os.path.join(out_dir, "lock"))
                 remove_empty(out_dir, created)
             raise
 
 
-def _train(cfg, out_dir, resume, progress):
-    ckpt_path, log_path = os.path.join(out_dir, CHECKPOINT), os.path.join(out_dir, "metrics.jsonl")
+def restore(cfg, out_dir, resume):
+    """The run at its start: the recipe's data and model and a fresh optimizer, or on ``resume`` the
+    checkpoint's state; the data stream replayed up to its step."""
     if resume:   # refused unless the checkpoint is this run's and whole (the run's budget kept unless given)
         ckpt = resume_check(cfg, out_dir)
-    elif os.path.exists(ckpt_path) or os.path.exists(os.path.join(out_dir, "checkpoint.pkl")):
+    elif os.path.exists(os.path.join(out_dir, CHECKPOINT)) or old_checkpoint(out_dir):
         raise UsageError(f"{out_dir} already holds a checkpoint: pass --resume to continue it, "
                          "or choose another --out")
 
@@ -119,369 +134,153 @@ def _train(cfg, out_dir, resume, progress):
         recipe.load_task()
         model = recipe.build_model().to(cfg.device)
         stream = recipe.batches(np.random.default_rng([cfg.seed, 1]))   # a pure function of the seed
-    opt = optimizer(cfg, model.parameters())
-    step, train_time, history = 0, 0.0, []
-    # the evaluate() metrics of the selected evaluation and of the last one; selected: its parameters (rule.once)
-    best, last, selected = {"metric": None, "metrics": {}, "step": None}, {}, None
+    run = Run(cfg, out_dir, recipe, rule, model, optimizer(cfg, model.parameters()), stream)
 
     if resume:
         try:
             model.load_state_dict(ckpt["model"])
-            opt.load_state_dict(ckpt["optimizer"])
+            run.opt.load_state_dict(ckpt["optimizer"])
         except ValueError as e:
-            raise UsageError(f"checkpoint {ckpt_path} does not fit the model: {e}") from None
-        step, best, train_time = ckpt["step"], ckpt["best"], ckpt["train_time"]
-        history, selected = ckpt["history"], ckpt["selected"]
-        last = ckpt["last"] if "last" in ckpt else older_metrics(best, history)
-        repair_log(log_path, history, step)
-    elif os.path.exists(log_path):
-        os.remove(log_path)
-
-    for _ in range(step):   # replay the data stream up to the current step
+            raise UsageError(f"checkpoint {os.path.join(out_dir, CHECKPOINT)} does not fit the model: {e}") \
+                from None
+        run.step, run.best, run.train_time = ckpt["step"], ckpt["best"], ckpt["train_time"]
+        run.history, run.selected = ckpt["history"], ckpt["selected"]
+        run.last = ckpt["last"] if "last" in ckpt else older_metrics(run.best, run.history)
+        run.sums = Sums(*running_sums(ckpt, cfg.device))   # a checkpoint taken between evaluations (SIGTERM)
+        repair_log(run.log_path, run.history, run.step)
+    elif os.path.exists(run.log_path):
+        os.remove(run.log_path)
+    for _ in range(run.step):   # replay the data stream up to the current step
         next(stream)
-    run_rng = backend.RNG(cfg.seed, cfg.device)
+    run.start_step = run.step
+    print(f"{'resuming' if run.step else 'training'} {cfg.task} / {cfg.model} ({cfg.preset} preset, seed "
+          f"{cfg.seed}) on {cfg.device} in {out_dir}: step {run.step} of {cfg.steps}, batch "
+          f"{cfg.batch_size}, lr {cfg.lr:g}, an evaluation every {cfg.eval_every} steps", file=sys.stderr)
+    return run
 
-    def checkpoint(running=None):   # running: the sums of an evaluation interval in progress (SIGTERM)
-        save_checkpoint(ckpt_path, {"identity": identity(cfg), "config": dataclasses.asdict(cfg), "step": step,
-                                    "best": best, "last": last, "train_time": train_time, "history": history},
-                        model.state_dict(), opt.state_dict(), selected, running)
 
-    print(f"{'resuming' if step else 'training'} {cfg.task} / {cfg.model} ({cfg.preset} preset, seed {cfg.seed}) on "
-          f"{cfg.device} in {out_dir}: step {step} of {cfg.steps}, batch {cfg.batch_size}, lr {cfg.lr:g}, an "
-          f"evaluation every {cfg.eval_every} steps", file=sys.stderr)
-    bar = tqdm(total=cfg.steps, initial=step, disable=not progress, desc=f"{cfg.task}/{cfg.model}", unit="step")
-    start_step, (loss_sum, norm_sum, stats, seen, n_batches) = step, running_sums(ckpt if resume else {}, cfg.device)
-    diverged = None
+def loop(run, progress):
+    """Train up to ``cfg.steps``: batches → loss → backward → clip → AdamW step; every ``eval_every``
+    steps (and after the last) an evaluation, a line in the log and a checkpoint. SIGTERM stops the loop at
+    the end of a step, which is saved first; a loss that is not finite stops it at the next evaluation."""
+    cfg, recipe, model, opt = run.cfg, run.recipe, run.model, run.opt
+    rng = backend.RNG(cfg.seed, cfg.device)
+    bar = tqdm(total=cfg.steps, initial=run.step, disable=not progress, desc=f"{cfg.task}/{cfg.model}",
+               unit="step")
     model.train()
     stop_at_step_end(True)                    # SIGTERM from now on: the loop below saves its step, then stops
-    while step < cfg.steps and not stop_early(cfg, rule, step, history):
+    while run.step < cfg.steps and not stop_early(cfg, run.rule, run.step, run.history):
         t0 = time.perf_counter()
-        batch = next(stream)
-        model.set_rng(run_rng.reseed(step))   # step k's masks, also after a resume; one generator per run
-        loss, batch_stats, n = recipe.loss(model, batch)
+        batch = next(run.stream)
+        model.set_rng(rng.reseed(run.step))   # step k's masks, also after a resume; one generator per run
+        loss, stats, n = recipe.loss(model, batch)
         opt.zero_grad()
         loss.backward()
-        if cfg.grad_clip:
-            norm_sum = norm_sum + optim.clip_grad_norm(model.parameters(), cfg.grad_clip)
+        norm = optim.clip_grad_norm(model.parameters(), cfg.grad_clip) if cfg.grad_clip else 0.0
         opt.step()
-        step += 1
-        # Running statistics stay on the device; they are read only when logged. The divergence guard reads
-        # them there too, rather than syncing every step: a NaN or inf stays in a sum until it is read.
-        loss_sum = loss_sum + loss.data
-        for k, v in batch_stats.items():
-            stats[k] = stats.get(k, 0) + v
-        seen, n_batches = seen + n, n_batches + 1
-        train_time += time.perf_counter() - t0
+        run.step += 1
+        run.sums.add(loss.data, norm, stats, n)
+        run.train_time += time.perf_counter() - t0
         bar.update(1)
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            loss_mean = float(backend.to_numpy(loss_sum)) / n_batches
-            entry = {"step": step, "train_loss": round(loss_mean, 5)}
-            entry.update({f"train_{k}": round(float(backend.to_numpy(v)) / seen, 5) for k, v in stats.items()})
-            diverged = next((what for what, value in (("training loss", loss_mean),
-                                                      ("gradient norm", float(backend.to_numpy(norm_sum))))
-                             if not math.isfinite(value)), None)
-            if not diverged:
-                bar.set_postfix_str("evaluating…", refresh=True)   # or the bar looks frozen meanwhile
-                model.eval()                      # with eval_mode() in the recipes: dropout off either way
-                entry.update(recipe.log_extra(model))
-                last = recipe.evaluate(model)
-                entry.update(last)
-                model.train()
-            entry["wall_s"] = round(train_time, 1)
-            selected_metric = entry.get(rule.metric)
-            if selected_metric is not None and _better(selected_metric, best["metric"], rule.higher):
-                best = {"metric": selected_metric, "metrics": dict(last), "step": step}
-                if rule.once:                    # the selected parameters, for evaluate_selected() at the end
-                    selected = model.state_dict()
-            entry = to_json(entry)
-            history.append(entry)
-            append_line(log_path, json.dumps(entry, allow_nan=False) + "\n")   # a kill can tear only this line
-            if diverged:                      # the last checkpoint (finite weights) stays as it is
+
+        if run.step % cfg.eval_every == 0 or run.step == cfg.steps:
+            entry = evaluate(run, bar)
+            if run.diverged:                  # the last checkpoint (finite weights) stays as it is
                 break
             bar.set_postfix({k: v for k, v in entry.items() if k not in ("step", "wall_s")})
-            loss_sum, norm_sum, stats, seen, n_batches = 0.0, 0.0, {}, 0, 0
-            checkpoint()
+            run.sums = Sums()
+            checkpoint(run)
             bar.unpause()                     # rate and ETA count training, not evaluation and checkpoint
-        if terminated():                      # SIGTERM: save this step (with the interval's sums), then exit 143
-            checkpoint((loss_sum, norm_sum, stats, seen, n_batches)) if n_batches else None
+        if terminated():                      # SIGTERM: save this step (with the interval's sums), exit 143
+            if run.sums.batches:
+                checkpoint(run, running=True)
             raise Terminated
     stop_at_step_end(False)                   # (a SIGTERM after the last step stops the run here)
     bar.close()
 
-    metrics = {k: v if k in rule.final else best["metrics"].get(k, v) for k, v in last.items()}
-    if rule.once and selected is not None and not diverged:
-        model.load_state_dict(selected)       # training is over and checkpointed: the model is free to reuse
-        model.eval()
+
+def evaluate(run, bar):
+    """The evaluation at ``run.step``: the interval's training means and, unless one of them is not finite
+    (``run.diverged``), the recipe's metrics; the selection; the entry appended to the log and returned."""
+    sums, rule = run.sums, run.rule
+    loss_mean = float(backend.to_numpy(sums.loss)) / sums.batches
+    entry = {"step": run.step, "train_loss": round(loss_mean, 5)}
+    entry.update({f"train_{k}": round(float(backend.to_numpy(v)) / sums.samples, 5)
+                  for k, v in sums.stats.items()})
+    run.diverged = next((what for what, value in (("training loss", loss_mean),
+                                                  ("gradient norm", float(backend.to_numpy(sums.norm))))
+                         if not math.isfinite(value)), None)
+    if not run.diverged:
+        bar.set_postfix_str("evaluating…", refresh=True)   # or the bar looks frozen meanwhile
+        run.model.eval()                      # with eval_mode() in the recipes: dropout off either way
+        entry.update(run.recipe.log_extra(run.model))
+        run.last = run.recipe.evaluate(run.model)
+        entry.update(run.last)
+        run.model.train()
+    entry["wall_s"] = round(run.train_time, 1)
+    metric = entry.get(rule.metric)
+    if metric is not None and _better(metric, run.best["metric"], rule.higher):
+        run.best = {"metric": metric, "metrics": dict(run.last), "step": run.step}
+        if rule.once:                         # the selected parameters, for evaluate_selected() at the end
+            run.selected = run.model.state_dict()
+    entry = to_json(entry)
+    run.history.append(entry)
+    append_line(run.log_path, json.dumps(entry, allow_nan=False) + "\n")   # a kill can tear only this line
+    return entry
+
+
+def _better(new, old, higher_is_better):
+    """Model selection: ties go to the later evaluation (docs/ndr.md §6)."""
+    if old is None:
+        return True
+    return new >= old if higher_is_better else new <= old
+
+
+def checkpoint(run, running=False):
+    """Save the run atomically; ``running``: with the sums of the evaluation interval in progress."""
+    cfg = run.cfg
+    save_checkpoint(os.path.join(run.out_dir, CHECKPOINT),
+                    {"identity": identity(cfg), "config": dataclasses.asdict(cfg), "step": run.step,
+                     "best": run.best, "last": run.last, "train_time": run.train_time,
+                     "history": run.history},
+                    run.model.state_dict(), run.opt.state_dict(), run.selected,
+                    run.sums.astuple() if running else None)
+
+
+def finish(run):
+    """results.json: the selected evaluation's metrics (the rule's ``final`` ones from the last evaluation,
+    its ``once`` ones computed now with the selected parameters), the run's timing and configuration."""
+    cfg, rule, step = run.cfg, run.rule, run.step
+    metrics = {k: v if k in rule.final else run.best["metrics"].get(k, v) for k, v in run.last.items()}
+    if rule.once and run.selected is not None and not run.diverged:
+        run.model.load_state_dict(run.selected)   # training is over and checkpointed: the model is free
+        run.model.eval()
         with user_values():
-            metrics.update(recipe.evaluate_selected(model))
+            metrics.update(run.recipe.evaluate_selected(run.model))
     results = {
         "task": cfg.task, "model": cfg.model, "preset": cfg.preset, "seed": cfg.seed, "device": cfg.device,
-        "steps": step, "wall_s": round(train_time, 2),
-        "ms_per_step": round(1000 * train_time / step, 3) if step else None,
-        "metrics": metrics, "final_metrics": last,
-        "best_step": best["step"], "steps_this_invocation": step - start_step,
+        "steps": step, "wall_s": round(run.train_time, 2),
+        "ms_per_step": round(1000 * run.train_time / step, 3) if step else None,
+        "metrics": metrics, "final_metrics": run.last,
+        "best_step": run.best["step"], "steps_this_invocation": step - run.start_step,
         "config": dataclasses.asdict(cfg),
     }
-    if diverged:
+    if run.diverged:
         results["diverged_at"] = step
-    write_atomic(os.path.join(out_dir, "results.json"), lambda f: json.dump(to_json(results), f, indent=2,
-                                                                             allow_nan=False))
-    if diverged:
-        last = step - n_batches
-        raise Diverged(f"the {diverged} is not finite at step {step}, so training stopped (a lower --lr may help); "
-                       f"{log_path} and results.json are written, " +
-                       (f"the checkpoint is that of step {last}" if last else "no checkpoint was written"))
+    write_atomic(os.path.join(run.out_dir, "results.json"),
+                 lambda f: json.dump(to_json(results), f, indent=2, allow_nan=False))
+    if run.diverged:
+        saved = step - run.sums.batches
+        raise Diverged(f"the {run.diverged} is not finite at step {step}, so training stopped (a lower --lr "
+                       f"may help); {run.log_path} and results.json are written, "
+                       + (f"the checkpoint is that of step {saved}" if saved else
+                          "no checkpoint was written"))
     return results
 
 
-# --- trained runs: --evaluate, --analyze, --plot ----------------------------------------------------------
-
-# what `--set` may change in a trained run (--evaluate, --plot, --analyze): evaluation, never the weights
-EVAL_SETTINGS = ("n_steps_eval", "eval_batch_size")
-
-
-def _load_run(out_dir, device, overrides=()):
-    """The recipe (its task loaded), the trained model of the checkpoint in out_dir on ``device``, and the
-    checkpoint's step. ``overrides``: KEY=VALUE strings of EVAL_SETTINGS that override the saved config."""
-    if not os.path.isdir(out_dir):
-        raise UsageError(f"no run directory {out_dir}")
-    path = os.path.join(out_dir, CHECKPOINT)
-    if not os.path.exists(path) and not os.path.exists(os.path.join(out_dir, "checkpoint.pkl")):
-        raise UsageError(f"{out_dir} holds no {CHECKPOINT} (is it a run directory? train there first)")
-    ckpt = load_checkpoint(path)
-    saved = dict(saved_settings(ckpt, path), device=device)   # any layout, older ones included; checked
-    saved.update(parse_settings(overrides, saved["task"], saved["model"], allowed=EVAL_SETTINGS))
-    cfg = make_config(saved.pop("task"), saved.pop("model"), saved.pop("preset"), **saved)
-    recipe = recipe_for(cfg.task)(cfg)
-    with user_values():
-        recipe.load_task()
-        model = recipe.build_model()
-    try:
-        model.load_state_dict(ckpt["model"])
-    except ValueError as e:
-        raise UsageError(f"checkpoint {path} does not fit the model: {e}") from None
-    return recipe, model.to(device).eval(), ckpt["step"]   # eval(): e.g. n_steps_eval applies, as in evaluation
-
-
-def analyze(out_dir, device="cpu", settings=()):
-    """The recipe's analysis of the checkpoint in out_dir (e.g. the CRT value-score table, paper Fig. 5)."""
-    recipe, model, _ = _load_run(out_dir, device, settings)
-    with user_values():
-        return recipe.analyze(model)
-
-
-def evaluate_checkpoint(out_dir, device="cpu", settings=()):
-    """Every evaluation split's metric for the weights in out_dir's checkpoint: those of its last evaluation,
-    which need not be the selected step of results.json. E.g. ``settings=["n_steps_eval=16"]`` applies a
-    shared-layer encoder 16 times at evaluation instead of the number it was trained with."""
-    recipe, model, step = _load_run(out_dir, device, settings)
-    with user_values():
-        return {"step": step, "settings": list(settings), "metrics": recipe.evaluate(model)}
-
-
-def plot(out_dir, device="cpu", texts=(), task=None, model=None, settings=(), plot_dir=None):
-    """Pictures of what the checkpoint in out_dir learned (minattn/lab/viz.py) as PNGs in ``plot_dir`` (default
-    out_dir/plots), or as terminal heatmaps without matplotlib; returns the paths written. ``texts``: inputs
-    to show instead of the test examples; ``task``/``model``, when given, must be the checkpoint's."""
-    if any(not t.strip() for t in texts):
-        raise UsageError("--example is empty: give the input to draw, e.g. --example '101 d a b'")
-    default_dir, plot_dir = plot_dir is None, plot_dir or os.path.join(out_dir, "plots")
-    if default_dir and os.path.islink(plot_dir) or os.path.exists(plot_dir) and not os.path.isdir(plot_dir):
-        raise UsageError(f"{plot_dir} is a link or a file, not a directory for the pictures (choose --plot-dir)")
-    recipe, net, _ = _load_run(out_dir, device, settings)
-    for flag, given, saved in (("--task", task, recipe.cfg.task), ("--model", model, recipe.cfg.model)):
-        if given is not None and given != saved:
-            raise UsageError(f"{out_dir} holds a {recipe.cfg.task} / {recipe.cfg.model} checkpoint, not {flag} {given}")
-    with user_values():
-        pictures = recipe.plot_examples(net, list(texts))
-    pictures += run_curves(out_dir)   # metrics.jsonl against the step, the selected step marked
-    if default_dir and viz.have_matplotlib() and not writable(plot_dir if os.path.isdir(plot_dir) else out_dir):
-        raise UsageError(f"cannot write the pictures into {plot_dir} (read-only): choose --plot-dir DIR")
-    paths = viz.write_pictures(pictures, plot_dir)
-    for path in paths:
-        print(f"wrote {path}")
-    return paths
-
-
-# --- the command line -------------------------------------------------------------------------------------
-
-def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    # --task and --model default to ctl and ndr for training; None tells --plot that none was given
-    ap.add_argument("--task", help="one of: " + ", ".join(t for r in RECIPES for t in r.tasks) + " (default ctl)")
-    models = dict.fromkeys(m for r in RECIPES for m in r.models)  # sort and MLU share transformer-seq2seq
-    ap.add_argument("--model", help="one of: " + ", ".join(models) + " (default ndr)")
-    ap.add_argument("--split", help="scan: the split, e.g. filler0, length, length_cutoff_26 (all: SCAN_SPLITS in "
-                    "minattn/data/seq2attn.py)")
-    ap.add_argument("--device", help="cpu (default) or gpu (needs CuPy: make venv DEVICE=gpu, or "
-                    "pip install -e '.[gpu]'; see README \"On a GPU\"); a --resume keeps the run's unless given")
-    ap.add_argument("--preset", help="cpu (default; ~30 min on 2 cores) or paper (the paper's hyperparameters, "
-                    "for a GPU); a --resume keeps the run's")
-    ap.add_argument("--steps", type=int, help="optimizer steps (default: the preset's)")
-    ap.add_argument("--batch-size", type=int, help="training batch size (default: the preset's)")
-    ap.add_argument("--lr", type=float, help="learning rate (default: the preset's)")
-    ap.add_argument("--seed", type=int, default=0, help="seed of initialisation, data order and dropout")
-    ap.add_argument("--eval-every", type=int, help="evaluate and checkpoint every N steps")
-    ap.add_argument("--out", help="run directory (default: runs/TASK-MODEL-PRESET-sSEED, the task tagged with --split, "
-                    "--train-size, --searches, --retrievals and --ood when given)")
-    ap.add_argument("--resume", nargs="?", const=True, default=False, metavar="DIR",
-                    help="continue the checkpoint in --out (or DIR) exactly; without --task/--model the run's "
-                         "task, model and settings come from the checkpoint (add --steps N to extend it)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="override any setting, e.g. --set d_model=64 --set n_steps=10 --set batching=random")
-    ap.add_argument("--show-config", action="store_true", help="print the resolved run and model configuration "
-                    "(marking what flags and --set changed) and exit")
-    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
-    ap.add_argument("--report", nargs="+", metavar="DIR",
-                    help="print a markdown table of finished runs (and mean ± std over the seeds of one experiment) "
-                         "and exit")
-    ap.add_argument("--convert", metavar="DIR", help="rewrite DIR/checkpoint.pkl of an older minattn as "
-                    "checkpoint.npz and exit (unpickling runs code from the file: only for files you trust)")
-    ap.add_argument("--analyze", action="store_true", help="print the analysis of the checkpoint in --out and exit "
-                    "(retrieval: the value-score table of paper Fig. 5)")
-    ap.add_argument("--evaluate", action="store_true", help="evaluate the checkpoint in --out on every split and "
-                    "exit; --set n_steps_eval=N applies a shared-layer encoder N times (also with --plot, --analyze)")
-    ap.add_argument("--plot", action="store_true", help="draw what the checkpoint in --out learned (attention maps, "
-                    "gates, value scores, relations) and the run's learning curves into DIR/plots and exit; PNGs "
-                    "need matplotlib (pip install -e '.[plot]'), without it the maps are printed as text")
-    ap.add_argument("--plot-dir", metavar="DIR", help="--plot: write the PNGs to DIR (default: the run's plots/); "
-                    "--report: also draw the runs' learning curves side by side into DIR/learning-curves.png")
-    ap.add_argument("--example", action="append", default=[], metavar="TEXT",
-                    help="--plot this input instead of a fixed sample of test examples (repeatable): the task's text, "
-                    "e.g. ctl '101 d a b', lookup '100 t3 t1 .', scan 'jump twice'; object indices for sort, "
-                    "pairwise, set")
-    ap.add_argument("--train-size", type=int, help="sort, pairwise, set, mlu: training samples drawn from the "
-                    "train pool (default: sort 500, pairwise 2015, set 2000, mlu 200000)")
-    ap.add_argument("--searches", type=int, help="retrieval: ground-truth searches S (default 2)")
-    ap.add_argument("--retrievals", type=int, help="retrieval: ground-truth retrievals R (default 4)")
-    ap.add_argument("--ood", action="store_true", help="retrieval: train on 80%% of the combinations of retrieval "
-                    "choices; ood_l1 is then out of distribution")
-    return ap.parse_args(argv)
-
-
 def main(argv=None):
-    args, where = parse_args(argv), {"out": None}
-    try:
-        with handling_signals():   # Ctrl-C and SIGTERM: after any write in progress, then the lines below
-            return _main(args, where)
-    except (UsageError, backend.DeviceError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:   # `train.py --report runs/* | head`: the reader left; not an error of ours
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-    except OSError as e:      # a full disk, a read-only directory: the system's one line, not a traceback
-        print(f"error: {e.strerror or e}" + (f": {e.filename}" if e.filename else ""), file=sys.stderr)
-        return 2
-    except MemoryError as e:  # e.g. --set d_model=1000000: numpy names the array it could not allocate
-        print(f"error: not enough memory ({e or 'MemoryError'}); choose smaller sizes (d_model, d_ff, n_steps, "
-              "--batch-size)", file=sys.stderr)
-        return 2
-    except Diverged as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 3
-    except (KeyboardInterrupt, Terminated) as e:
-        out = where["out"]
-        kept = out and os.path.exists(os.path.join(out, CHECKPOINT))
-        print(("interrupted" if isinstance(e, KeyboardInterrupt) else "terminated") + (
-            "" if out is None else   # out: set once training starts (not --evaluate, --plot)
-            ": the last checkpoint is intact; continue with --resume" if kept else
-            ": before the first checkpoint, so there is nothing to resume"), file=sys.stderr)
-        return 130 if isinstance(e, KeyboardInterrupt) else 143
-
-
-def _main(args, where):
-    """main() without its error handling; ``where["out"]``: the run directory, once training starts."""
-    device_given, args.device = args.device, "cpu" if args.device is None else args.device
-    for flag in ("task", "model", "preset", "split", "out", "plot_dir", "resume"):
-        if getattr(args, flag) == "":
-            raise UsageError(f"--{flag.replace('_', '-')} is empty")
-    if isinstance(args.resume, str):  # --resume DIR: the run directory, as --out DIR
-        if args.out and args.out != args.resume:
-            raise UsageError(f"--resume {args.resume} and --out {args.out} name different run directories")
-        args.out, args.resume = args.resume, True
-    modes = [f"--{m.replace('_', '-')}" for m in ("report", "convert", "analyze", "evaluate", "plot", "show_config")
-             if getattr(args, m)]   # each runs alone
-    if len(modes) > 1:
-        raise UsageError(f"{' and '.join(modes)} are separate modes: give one at a time")
-    if args.report:
-        report(args.report, args.plot_dir)
-        return 0
-    if args.convert:
-        convert(args.convert)
-        return 0
-    inspect = next((flag for flag in ("analyze", "evaluate", "plot") if getattr(args, flag)), None)
-    if inspect and not args.out:
-        raise UsageError(f"--{inspect} needs --out DIR (or --resume DIR), a run directory with a checkpoint")
-    if args.analyze:
-        print(analyze(args.out, args.device, args.set))
-        return 0
-    if args.evaluate:
-        print(json.dumps(to_json(evaluate_checkpoint(args.out, args.device, args.set))))
-        return 0
-    if args.plot:
-        plot(args.out, args.device, args.example, args.task, args.model, args.set, args.plot_dir)
-        return 0
-    if args.example:
-        raise UsageError("--example goes with --plot")
-    saved = {}
-    if args.resume and args.out and (args.task is None or args.model is None):
-        # `--resume --out DIR` alone continues the run saved there: task, model, preset and every
-        # setting come from its checkpoint; flags given now (e.g. --steps) still apply on top.
-        saved = resume_settings(args.out, args.task, args.model, args.preset)
-        args.task, args.model, args.preset = saved.pop("task"), saved.pop("model"), saved.pop("preset")
-    if args.resume and args.out:   # either form continues on the run's device unless --device is given
-        args.device = resume_device(args.out, device_given)
-    args.task = "ctl" if args.task is None else args.task
-    args.model, args.preset = args.model or "ndr", args.preset or "cpu"
-    recipe_for(args.task)
-    if args.device not in ("cpu", "gpu"):
-        raise UsageError(f"unknown device {args.device!r}; valid devices: cpu, gpu")
-    overrides = parse_settings(args.set, args.task, args.model)
-    flags = dict(seed=args.seed, device=args.device, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                 eval_every=args.eval_every, searches=args.searches, retrievals=args.retrievals,
-                 ood=args.ood or None, split=args.split, train_size=args.train_size)
-    defaults = parse_args([])
-    for key, value in overrides.items():   # --set lr=… is the same as --lr …; both at once must agree
-        given = flags.get(key)
-        if given is not None and given != getattr(defaults, key, None) and given != value:
-            raise UsageError(f"--set {key}={value} contradicts --{key.replace('_', '-')} {given}")
-        flags[key] = value
-    for key, value in saved.items():       # what was not given now keeps the checkpoint's value
-        if key not in overrides and flags.get(key) in (None, getattr(defaults, key, None)):
-            flags[key] = value
-    args.seed = flags["seed"]
-    cfg = make_config(args.task, args.model, args.preset, **flags)
-    refuse_unread(cfg, overrides)
-    if args.resume:   # the run's own step budget and evaluation interval (train() reads them) unless given
-        cfg.steps, cfg.eval_every = flags["steps"], flags["eval_every"]
-    # the data options are part of the default name, so runs at different sizes or splits don't collide
-    task_name = "-".join([args.task] + [f"{tag}{value}" for tag, value in (
-        ("", args.split), ("n", args.train_size), ("S", args.searches), ("R", args.retrievals)) if value]
-        + ["ood"] * bool(args.ood))
-    out = args.out or os.path.join("runs", f"{task_name}-{args.model}-{args.preset}-s{args.seed}")
-    if args.show_config:   # resolved as training would (steps may count epochs), then compared
-        if args.resume:    # as the resume would run it, or refused as it would be
-            resume_check(cfg, out)
-        preset = make_config(args.task, args.model, args.preset, split=flags["split"])
-        print(show_config(schedule(cfg), schedule(preset)))
-        return 0
-    where["out"] = out
-    results = train(cfg, out, resume=args.resume, progress=not args.no_progress)
-    print(summary(results, out))
-    return 0
-
-
-def summary(results, out):
-    """The end of a run for a reader: what was selected, and where everything is."""
-    metrics = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in results["metrics"].items())
-    return (f"done: {results['task']} / {results['model']}, {results['steps']} steps in {results['wall_s']:.0f} s "
-            f"({results['ms_per_step'] or 0:.0f} ms/step); {metrics or 'no metrics'} "
-            + (f"(selected at step {results['best_step']})\n" if results["best_step"] is not None else
-               "(the last evaluation: the task has no split to select by)\n") +
-            f"results: {os.path.join(out, 'results.json')}, learning curve: {os.path.join(out, 'metrics.jsonl')}, "
-            f"checkpoint: {os.path.join(out, CHECKPOINT)}\n"
-            f"pictures: python train.py --plot --out {shlex.quote(out)}")
+    """The command line (minattn/lab/cli.py), training with ``train`` above."""
+    return cli.main(argv, train)
 
 
 if __name__ == "__main__":

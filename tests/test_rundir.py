@@ -12,7 +12,7 @@ import pytest
 
 import tasks
 import train
-from minattn.lab import viz
+from minattn.lab import cli, viz
 from minattn.lab.recipes.base import example_name, sample_name
 
 from .test_train import ROOT, TINY, ctl_generated, run  # noqa: F401 (ctl_generated: an autouse fixture)
@@ -214,7 +214,7 @@ def test_ctrl_c_before_the_first_checkpoint_does_not_promise_one(tmp_path, capsy
     monkeypatch.setattr(train, "train", interrupted)
     code, err = run(TINY + ["--out", str(tmp_path)], capsys)
     assert code == 130 and "nothing to resume" in err and "intact" not in err
-    monkeypatch.setattr(train, "evaluate_checkpoint", interrupted)      # not training: no word on checkpoints
+    monkeypatch.setattr(cli, "evaluate_checkpoint", interrupted)      # not training: no word on checkpoints
     code, err = run(["--evaluate", "--out", str(tmp_path)], capsys)
     assert code == 130 and err == "interrupted\n"
 

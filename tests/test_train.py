@@ -11,6 +11,7 @@ import pytest
 import train
 import tasks
 from minattn import backend
+from minattn.lab import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A tiny NDR that trains a few steps in seconds (the task itself is the real CTL).
@@ -149,7 +150,7 @@ def test_evaluate_reruns_a_checkpoint_with_more_encoder_steps(tmp_path, capsys):
     assert train.main(["--evaluate", "--out", out]) == 0              # the saved weights, as evaluated in training
     again = json.loads(capsys.readouterr().out)
     assert again["step"] == 2 and again["metrics"] == {k: logged[k] for k in ("iid", "valid", "test")}
-    recipe, model, _ = train._load_run(out, "cpu", ["n_steps_eval=5"])  # TINY trains 2 steps
+    recipe, model, _ = cli._load_run(out, "cpu", ["n_steps_eval=5"])  # TINY trains 2 steps
     x, lengths, _ = recipe.to_device(next(tasks.eval_batches(recipe.task.splits["test"], 8)))
     logits = model(x, lengths).data
     np.testing.assert_array_equal(logits, model(x, lengths, n_steps=5).data)

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import viz
 from .errors import UsageError
-from .recipes.base import older_metrics
+from .legacy import older_metrics
 from .rundir import CHECKPOINT, Corrupted, _int, _number, _read_npz, open_regular, read_log, settings
 
 

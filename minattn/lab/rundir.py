@@ -30,8 +30,9 @@ import numpy as np
 from minattn import backend
 
 from .errors import UsageError
+from .legacy import SAVED_BEFORE, refuse_old_checkpoint
 
-CHECKPOINT_VERSION = 2   # 1: checkpoint.pkl (pickle), read only by --convert
+CHECKPOINT_VERSION = 2   # 1: checkpoint.pkl (pickle), read only by --convert (legacy.py)
 
 
 # --- signals: Ctrl-C (SIGINT) and SIGTERM stop a run between writes, never inside one ----------------------
@@ -379,11 +380,8 @@ def load_checkpoint(path):
     "optimizer" (the optimizer's state_dict). Never unpickles: an old checkpoint.pkl is refused. Anything that
     is not what save_checkpoint writes (a mistyped field, a parameter that is not finite float32, an array of
     no parameter) is refused with a ``Corrupted`` error naming it."""
-    old = os.path.join(os.path.dirname(path), "checkpoint.pkl")
-    if not os.path.exists(path) and os.path.exists(old):
-        raise UsageError(f"{os.path.dirname(path) or '.'} holds an old checkpoint.pkl, which is not loaded because "
-                         f"unpickling runs any code the file carries; if you trust it, convert it once with: "
-                         f"python train.py --convert {os.path.dirname(path) or '.'}")
+    if not os.path.exists(path):
+        refuse_old_checkpoint(os.path.dirname(path) or ".")
     arrays = _read_npz(path)
     try:
         ckpt = json.loads(str(arrays.pop("metadata")))
@@ -439,44 +437,12 @@ def check_resumable(ckpt, path):
                          "still read it")
 
 
-def convert(out_dir):
-    """Rewrite DIR/checkpoint.pkl (this project's old format) as checkpoint.npz, on explicit request only."""
-    import pickle   # only here: the one place that unpickles, and only when the user asks
-    path = os.path.join(out_dir, "checkpoint.pkl")
-    if not os.path.exists(path):
-        raise UsageError(f"{out_dir} holds no checkpoint.pkl to convert")
-    if os.path.exists(os.path.join(out_dir, CHECKPOINT)):   # converted before, and maybe trained on since
-        raise UsageError(f"{out_dir} already holds {CHECKPOINT}, which is read instead of checkpoint.pkl; "
-                         "nothing was overwritten (delete checkpoint.pkl)")
-    print(f"warning: unpickling {path} runs any code it carries; convert only files you trust", file=sys.stderr)
-    with locked(out_dir):
-        try:
-            with open(path, "rb") as f:
-                old = pickle.load(f)
-            state = old.pop("model"), old.pop("optimizer"), old["best"].pop("state", None)
-        except Exception as e:
-            raise UsageError(f"{path} is not a readable minattn checkpoint ({e.__class__.__name__})") from None
-        # the old format kept the log only in metrics.jsonl: its lines up to the checkpoint's step
-        log = os.path.join(out_dir, "metrics.jsonl")
-        history = [h for h in read_log(log) if h["step"] <= old["step"]] if os.path.exists(log) else []
-        params, opt_state, selected = state
-        metadata = {k: old[k] for k in ("identity", "config", "step", "best", "train_time")}
-        save_checkpoint(os.path.join(out_dir, CHECKPOINT), dict(metadata, history=history), params, opt_state, selected)
-    print(f"wrote {os.path.join(out_dir, CHECKPOINT)}; {path} is no longer read and may be deleted", file=sys.stderr)
-
-
 def identity(cfg):
     """What must match for a checkpoint to belong to this run (the step budget may grow), as JSON has it."""
     d = dataclasses.asdict(cfg)
     for k in ("steps", "device", "eval_every", "eval_batch_size"):
         d.pop(k)
     return json.loads(json.dumps(to_json(d)))
-
-
-# Settings added after runs were saved, whose default then changed: the value the older runs trained with.
-# Sorting selected and stopped on the validation teacher-forcing accuracy until stop_on came (the default is
-# now the training loss, the rule behind the Abstractor paper's Fig. 4).
-SAVED_BEFORE = {"sort": {"stop_on": "valid_tf"}}
 
 
 def settings(config):

@@ -6,7 +6,6 @@ import dataclasses
 
 import numpy as np
 
-from minattn import backend
 from minattn import functional as F
 from minattn.data import PairwiseOrderTask, SetTask, SortTask, is_set
 from minattn.engine import eval_mode, no_grad
@@ -78,7 +77,7 @@ class ObjectRecipe(Recipe):
         return self.train_set.batches(self.cfg.batch_size, rng)
 
     def _objects(self, split):
-        return backend.to_device(self.task.objects[split.index], self.cfg.device)
+        return self.to_device([self.task.objects[split.index]])[0]
 
     def _plot_samples(self, texts):
         """(name, object indices) of the test samples --plot shows, or of --example texts of indices."""
@@ -168,8 +167,9 @@ class Sort(ObjectRecipe):
         for name, index in self._plot_samples(texts):
             title = (f"sort / {self.cfg.model}: objects {' '.join(map(str, index))} "
                      f"(target {' '.join(map(str, np.argsort(index)))})")
-            pictures += viz.seq2seq_pictures(model, backend.to_device(self.task.objects[index][None], self.cfg.device),
-                                             len(index), SortTask.START, [f"o{i}" for i in index], title, name)
+            x = self.to_device([self.task.objects[index][None]])[0]
+            pictures += viz.seq2seq_pictures(model, x, len(index), SortTask.START, [f"o{i}" for i in index],
+                                             title, name)
         return pictures
 
 
@@ -215,7 +215,7 @@ class RelationalTasks(ObjectRecipe):
 
     def loss(self, model, batch):
         """(mean loss, {"acc": correct}, n) for a split or batch."""
-        logits, y = model(self._objects(batch)), backend.to_device(batch.labels, self.cfg.device)
+        logits, y = model(self._objects(batch)), self.to_device([batch.labels])[0]
         if self.row["n_out"] == 1:
             z, t = logits[:, 0], y.astype(logits.dtype)
             loss = -(F.logsigmoid(z) * t + F.logsigmoid(-z) * (1 - t)).mean()
@@ -243,6 +243,6 @@ class RelationalTasks(ObjectRecipe):
         for name, index in self._plot_samples(texts):
             tokens, target = self.row["tokens"](self.task, index)
             title = f"{self.cfg.task} / {self.cfg.model}: {' '.join(tokens)} (target {classes[target]})"
-            x = backend.to_device(self.task.objects[index][None], self.cfg.device)
+            x = self.to_device([self.task.objects[index][None]])[0]
             pictures += viz.relational_pictures(model, x, tokens, title, name, classes)
         return pictures

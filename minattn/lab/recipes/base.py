@@ -224,10 +224,6 @@ class Recipe:
 
     # --- the run -------------------------------------------------------------------------------------------
 
-    def rule(self):
-        """This run's ``Selection``."""
-        return self.selection[self.cfg.task] if isinstance(self.selection, dict) else self.selection
-
     def load_task(self):
         raise NotImplementedError
 
@@ -268,18 +264,6 @@ class Recipe:
     def to_device(self, arrays):
         """Host arrays → the run's device."""
         return [backend.to_device(a, self.cfg.device) for a in arrays]
-
-
-def older_metrics(best, history):
-    """The metrics of the last evaluation in a checkpoint written before they were kept apart ("last"), and
-    its selected evaluation's: then a log entry held them among the loop's own numbers and the recipe's
-    extras, which started with "train" or "gate"."""
-    def metrics(entry):
-        return {k: v for k, v in entry.items() if k not in ("step", "wall_s", "train_loss")
-                and not k.startswith(("train_", "gate"))}
-    final = next((h for h in reversed(history) if h.get("train_loss") is not None), {})   # not a diverged one
-    best["metrics"] = metrics(best["metrics"])
-    return metrics(final)
 
 
 # --- shared bodies: counting correct predictions, --example parsing, --plot's sample ------------------------

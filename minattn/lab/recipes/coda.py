@@ -5,7 +5,6 @@ import dataclasses
 
 import numpy as np
 
-from minattn import backend
 from minattn import functional as F
 from minattn.attention import coda
 from minattn.data import MLUTask
@@ -130,6 +129,6 @@ class CoDA(Recipe):
         for name, src, target in examples:
             tokens = [task.in_vocab[i] for i in src]
             title = f"mlu / {self.cfg.model}: {''.join(tokens)}" + (f" (target {target})" if target else "")
-            pictures += viz.seq2seq_pictures(model, backend.to_device(src[None], self.cfg.device), longest, task.sos,
-                                             tokens, title, name, task.out_vocab)
+            pictures += viz.seq2seq_pictures(model, self.to_device([src[None]])[0], longest, task.sos, tokens,
+                                             title, name, task.out_vocab)
         return pictures

@@ -6,7 +6,6 @@ import dataclasses
 
 import numpy as np
 
-from minattn import backend
 from minattn import functional as F
 from minattn.data import RetrievalTask
 from minattn.engine import eval_mode, no_grad
@@ -82,7 +81,7 @@ class Compositional(Recipe):
         for pool in pools:
             x, _, prefs = self.task.batch(2048, np.random.default_rng([self.cfg.seed, 3]), pool)
             with no_grad(), eval_mode():
-                _, _, c = model(backend.to_device(x, self.cfg.device), return_weights=True)
+                _, _, c = model(self.to_device([x])[0], return_weights=True)
             if c is None:
                 raise ValueError("the analysis shows value scores, which only the compositional models have")
             scores = compositional.specialisation(c.data, prefs, self.task.retrievals)
@@ -97,5 +96,5 @@ class Compositional(Recipe):
         if texts:
             raise ValueError("retrieval inputs are random vectors: --example is not available for this task")
         x, _, prefs = self.task.batch(2048, np.random.default_rng([self.cfg.seed, 3]), self.train_pool)
-        return viz.retrieval_pictures(model, backend.to_device(x, self.cfg.device), prefs,
+        return viz.retrieval_pictures(model, self.to_device([x])[0], prefs,
                                       f"retrieval / {self.cfg.model} ({self.train_pool} combinations)")
