@@ -1,11 +1,11 @@
 """minattn.functional (import as ``F``): the functions models are written with.
 
 Primitives come from ``ops`` (layer norm among them, fused beside its composed form); the composites
-here (dropout, Gumbel-softmax) are built from ops and so get correct gradients for free. Signatures
-follow PyTorch's, with NumPy's ``axis=`` keyword.
+here (Gumbel-softmax) are built from ops and so get correct gradients for free. Dropout is one module,
+``nn.Dropout``, which owns its random stream. Signatures follow PyTorch's, with NumPy's ``axis=`` keyword.
 """
 from .backend import array_module, default_rng, device_of
-from .engine import Tensor, is_training
+from .engine import Tensor
 from .ops import (abs, broadcast_to, concat, cross_entropy, cumsum, embedding, exp, layer_norm, linear,  # noqa: F401
                   log, log_softmax, logsigmoid, masked_fill, matmul, max, maximum, mean, merge_heads, minimum,
                   relu, reshape, sigmoid, softmax, softplus, split_heads, sqrt, stack, straight_through, sum,
@@ -15,20 +15,6 @@ from .ops import (abs, broadcast_to, concat, cross_entropy, cumsum, embedding, e
 # The logit a forbidden key gets before a softmax or sigmoid: finite, so that a row with every key masked stays
 # finite (−inf would give NaN), and so far below any real logit that its weight is exactly 0 in float32.
 MASKED = -1e9
-
-
-def dropout(x, p, rng, training=None):
-    """Inverted dropout: zero each entry with probability ``p`` and scale the rest by 1/(1−p), so
-    nothing changes at evaluation. Active only when ``training`` (a module's flag; default True) AND
-    the engine is not in ``eval_mode()``: either switch turns it off."""
-    if not (training is not False and is_training()) or p == 0:
-        return x
-    if not 0 <= p < 1:
-        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
-    if rng is None:   # no stream set (Module.set_rng): the seeded default one
-        rng = default_rng(device_of(x.data if isinstance(x, Tensor) else x))
-    mask = rng.keep_mask(x.shape, p) * x.dtype.type(1 / (1 - p))
-    return x * mask
 
 
 def one_hot_argmax(x, axis=-1):

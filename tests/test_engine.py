@@ -4,7 +4,7 @@ import weakref
 import numpy as np
 import pytest
 
-from minattn import backend, ops
+from minattn import backend, nn, ops
 from minattn import functional as F
 from minattn.attention.geometric import (DirectionalLogits, GeometricWeights, constants, directional_logits_composed,
                                          geometric_weights_composed, invalid_keys, scan_indices)
@@ -107,10 +107,10 @@ def test_eval_mode_switches_dropout_off():
     x = Tensor(np.ones((50, 50), np.float32))
     rng = backend.RNG(0)
     assert is_training()
-    assert (F.dropout(x, 0.5, rng).data == 0).any()
+    assert (nn.Dropout(0.5, rng=rng)(x).data == 0).any()
     with eval_mode():
         assert not is_training()
-        np.testing.assert_array_equal(F.dropout(x, 0.5, rng).data, x.data)
+        np.testing.assert_array_equal(nn.Dropout(0.5, rng=rng)(x).data, x.data)
     assert is_training()
 
 

@@ -64,7 +64,7 @@ def const(x):
 
 def dropout_fn(x):
     # A fresh RNG per call makes the mask identical in every finite-difference evaluation.
-    return F.dropout(x, 0.3, backend.RNG(1, backend.device_of(x.data)), training=True)
+    return nn.Dropout(0.3, rng=backend.RNG(1, backend.device_of(x.data)))(x)
 
 
 MASK = np.array([[True, False, True, False], [False, False, True, True], [True, True, True, False]])

@@ -214,7 +214,8 @@ class GeometricAttention(Module):
             z = faster(DirectionalLogits)(right, sides)(qk, s, self.alpha, self.beta, self.gamma)
         else:
             z = directional_logits_composed(qk, s, self.alpha, self.beta, self.gamma, right)
-        A = geometric_attention_weights(z, normalize=self.normalize, invalid=self._invalid(key_mask, T, x.data))
+        invalid = self._invalid(key_mask, T, x.data)
+        A = geometric_attention_weights(z, normalize=self.normalize, invalid=invalid)
         if self.record:  # kept for analysis and plots (see UniversalEncoder's trace)
             self.last_weights = A
         y = F.linear(F.merge_heads(A @ v), self.w_o)                              # (B, T, C)

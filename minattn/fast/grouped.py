@@ -1,9 +1,9 @@
 """Annex: the weight gradients of a layer applied n times, computed as one product (off NumPy).
 
 A shared layer (the NDR encoder applies one layer 14 times) gets n gradients for each weight: n matrix
-products aᵀ gy for a weight matrix, n products gy ⊙ x summed for a scale (a layer norm's weight,
-geometric attention's α and β). Here those ops hand them to the engine unevaluated (``Deferred``, see
-fast/accumulate.py), which evaluates all n at once: ``Outer``, one product of the concatenated rows
+products aᵀ gy for a weight matrix, n products gy ⊙ x summed for a scale (a layer norm's weight;
+geometric attention's α and β, in fast/geometric.py). Here those ops hand them to the engine unevaluated
+(``Deferred``, see fast/accumulate.py), which evaluates all n at once: ``Outer``, one product of the concatenated rows
 (3 array operations, not n + 2), and ``ProductSum``, one product of stacked inputs (4, not n + 2).
 On NumPy an operation is a function call, not a kernel launch, and concatenating costs more than it
 saves: there the ops below behave as their plain forms.
@@ -15,7 +15,6 @@ without): launches per step (minattn/tools/counting.py) 1,755 with, 1,843 withou
 """
 import numpy as np
 
-from ..attention.geometric import DirectionalLogits
 from ..backend import array_module
 from ..engine import register_faster, sum_to
 from ..ops.elementwise import _needs_grad
@@ -81,15 +80,5 @@ class GroupedLayerNorm(LayerNorm):
         return self.grad_x(gy), ProductSum(gy, self.xhat, self.weight.shape), gy
 
 
-class GroupedDirectionalLogits(DirectionalLogits):
-    def backward(self, gz):
-        if not _grouped(gz):
-            return super().backward(gz)
-        gbs = (gz[..., None, :] * self.sides).sum(axis=-1)              # (B, H, T, 2), as the plain form
-        return (gz * self.alpha, gbs * self.beta, ProductSum(gz, self.qk, self.alpha.shape),
-                ProductSum(gbs, self.s, self.beta.shape), gbs)
-
-
-for _plain, _fast in ((MatMul, GroupedMatMul), (Linear, GroupedLinear), (LayerNorm, GroupedLayerNorm),
-                      (DirectionalLogits, GroupedDirectionalLogits)):
+for _plain, _fast in ((MatMul, GroupedMatMul), (Linear, GroupedLinear), (LayerNorm, GroupedLayerNorm)):
     register_faster(_plain, _fast)

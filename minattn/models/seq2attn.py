@@ -31,7 +31,7 @@ from .. import backend
 from .. import functional as F
 from ..attention.additive import AdditiveAttention
 from ..engine import Tensor, eval_mode, is_training, no_grad
-from ..nn import Embedding, GRUCell, Linear, LSTMCell, Module, Parameter
+from ..nn import Dropout, Embedding, GRUCell, Linear, LSTMCell, Module, Parameter
 
 
 @dataclass
@@ -76,8 +76,8 @@ class RNN(Module):
     def __init__(self, cell, d_in, d_hidden, n_layers, dropout, rng):
         Cell = {"gru": GRUCell, "lstm": LSTMCell}[cell]
         self.cells = [Cell(d_in if i == 0 else d_hidden, d_hidden, rng=rng) for i in range(n_layers)]
-        self.lstm, self.d_hidden, self.dropout = cell == "lstm", d_hidden, dropout
-        self.rng = None
+        self.lstm, self.d_hidden = cell == "lstm", d_hidden
+        self.dropout = Dropout(dropout)
 
     def zero_state(self, B, like):
         xp = backend.array_module(like)
@@ -89,7 +89,7 @@ class RNN(Module):
         new = []
         for i, (cell, s) in enumerate(zip(self.cells, state)):
             if i:
-                x = F.dropout(x, self.dropout, self.rng, training=self.training and is_training())
+                x = self.dropout(x)
             s = cell(x, s)
             new.append(s)
             x = s[0] if self.lstm else s

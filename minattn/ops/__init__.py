@@ -20,8 +20,8 @@ from .elementwise import (Abs, Add, AddScalar, ClampMin, Div, Exp, Log, LogSigmo
                           neg, pow, relu, sigmoid, softplus, sqrt, straight_through, sub, tanh, where)
 from .fused import (CrossEntropy, LayerNorm, LogSoftmax, Softmax, cross_entropy, cross_entropy_composed,  # noqa: F401
                     layer_norm, layer_norm_composed, log_softmax, log_softmax_composed, softmax, softmax_composed)
-from .indexing import (ONEHOT_MAX_ROWS, BroadcastTo, Concat, Embedding, GetItem, MergeHeads, Reshape,  # noqa: F401
-                       SplitHeads, Stack, SwapAxes, Transpose, broadcast_to, check_ids, concat, embedding,
+from .indexing import (ONEHOT_MAX_ROWS, BroadcastTo, Concat, Embedding, GetItem, MergeHeads,  # noqa: F401
+                       Reshape, SplitHeads, Stack, SwapAxes, Transpose, broadcast_to, check_ids, concat, embedding,
                        getitem, merge_heads, merge_heads_composed, reshape, segment_sum, split_heads,
                        split_heads_composed, stack, swapaxes, transpose)
 from .matmul import Linear, MatMul, linear, matmul  # noqa: F401

@@ -46,7 +46,8 @@ class Linear(MatMul):
     def backward(self, gy):
         gy = gy.reshape(-1, gy.shape[-1])                                  # rows, as the forward's product
         gx, gW = super().backward(gy)
-        return (None if gx is None else gx.reshape(self.x_shape), gW) + ((gy,) if len(self.inputs) == 3 else ())
+        gx = None if gx is None else gx.reshape(self.x_shape)
+        return (gx, gW) + ((gy,) if len(self.inputs) == 3 else ())
 
 
 def linear(x, W, b=None):
