@@ -261,8 +261,9 @@ def as_raw_kernel(name, in_params, out_params, operation):
     """An ElementwiseKernel's source in outline, as CuPy generates it: each parameter a local of the index i
     (an output a reference to its entry), ``raw`` ones pointers, the operation the loop's body."""
     args, locals_ = [], []
-    for spec, out in [(p, False) for p in in_params.split(",")] + [(p, True) for p in out_params.split(",")]:
-        *raw, typ, var = spec.split()
+    params = [(p, False) for p in in_params.split(",")] + [(p, True) for p in out_params.split(",")]
+    for param, out in params:
+        *raw, typ, var = param.split()
         c = _C_TYPES[typ]
         if raw:
             args.append(f"const {c}* {var}")

@@ -1,5 +1,5 @@
 """Annex, GPU tier: the three hottest chains of NDR's step as CUDA kernels beside their NumPy
-definitions (issue 41 item 2; the study: shared/reviews/gpu-step.md §3.3, ideas 1–3).
+definitions (issue 41 item 2, after ideas 1–3 of the GPU study the issue cites).
 
     file                  chain (forward and backward)      seam (2 kernels each)
     kernels_geometric.py  directional logits, Eqs. 9–10     faster(DirectionalLogits)

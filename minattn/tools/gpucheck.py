@@ -73,7 +73,8 @@ def compare_arrays(a, b):
         return f"different arrays: {sorted(set(a) ^ set(b))[:3]}"
     for k in sorted(a):
         if a[k].shape != b[k].shape or a[k].dtype != b[k].dtype or a[k].tobytes() != b[k].tobytes():
-            diff = np.abs(a[k].astype(np.float64) - b[k].astype(np.float64)).max() if a[k].shape == b[k].shape else "shape"
+            same_shape = a[k].shape == b[k].shape
+            diff = np.abs(a[k].astype(np.float64) - b[k].astype(np.float64)).max() if same_shape else "shape"
             return f"{k} differs (max |diff| {diff})"
     return None
 
@@ -103,7 +104,8 @@ def check_resume(device, opts):
 
 
 def check_torch(device, opts):
-    """minattn/torch ms per step of NDR at the paper's CTL shape, once the twin is shown to compute the same."""
+    """minattn/torch ms per step of NDR at the paper's CTL shape, once the twin is shown to compute
+    the same."""
     try:
         import torch  # noqa: F401
     except ImportError:
@@ -111,7 +113,8 @@ def check_torch(device, opts):
     code, lines = _run([sys.executable, "-m", "pytest", "-q", "tests/test_torch_twin.py"])
     if code != 0:
         return False, "the torch twin does not match minattn: " + (lines[-1] if lines else "")
-    code, lines = _run([sys.executable, "-m", "minattn.tools.torch_twin", "--device", device, "--preset", "paper"])
+    code, lines = _run([sys.executable, "-m", "minattn.tools.torch_twin", "--device", device,
+                        "--preset", "paper"])
     timing = [ln.strip() for ln in lines if "minattn/torch" in ln][:1]
     return code == 0 and bool(timing), (timing[0] if timing else f"exit status {code}")
 
