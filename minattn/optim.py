@@ -14,11 +14,18 @@ from .backend import array_module
 from .engine import faster
 
 
+def _check(cls, name, value, ok, want):
+    """A bad hyperparameter is refused where it is given, in one line (NaN fails every comparison)."""
+    if not ok:
+        raise ValueError(f"{cls.__name__}: {name} must be {want}, got {value!r}")
+
+
 class Optimizer:
     def __init__(self, params, lr):
         self.params = list(params)
         if not self.params:
             raise ValueError("optimizer got an empty parameter list")
+        _check(type(self), "lr", lr, 0 <= lr, "a number ≥ 0")   # as PyTorch: inf is allowed (and diverges)
         self.lr = lr
         self.t = 0          # number of steps taken
         self.state = [dict() for _ in self.params]
@@ -87,6 +94,8 @@ class Adam(Optimizer):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
         super().__init__(params, lr)
+        _check(type(self), "betas", betas, len(betas) == 2 and all(0 <= b < 1 for b in betas), "two numbers in [0, 1)")
+        _check(type(self), "eps", eps, 0 <= eps, "a number ≥ 0")
         self.betas, self.eps, self.weight_decay = betas, eps, weight_decay
 
     def update(self, p, g, s):

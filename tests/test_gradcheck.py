@@ -473,6 +473,18 @@ def test_module_gradients(name, fn, make_module, make, device):
     check_backward(lambda *xs: fn(module, *xs), _to(make(rng), device), params=module)
 
 
+@pytest.mark.parametrize("name,fn,make_module,make", MODULES, ids=[r[0] for r in MODULES])
+def test_module_gradients_away_from_initialisation(name, fn, make_module, make, device):
+    """The same rows with every parameter moved off its initial value. At initialisation a scale or a
+    temperature may be exactly 1 and a bias or γ exactly 0 (geometric attention's β = 1, γ = 0), where a
+    backward that drops the factor still passes: a mutant of the annex's off-NumPy directional term hid so."""
+    rng = np.random.default_rng(1)
+    module = make_module(np.random.default_rng(0)).to(device).double()
+    for p in module.parameters():
+        p.data = p.data + backend.to_device(0.2 * rng.standard_normal(p.shape), device)
+    check_backward(lambda *xs: fn(module, *xs), _to(make(rng), device), params=module, n_directions=1)
+
+
 # --- the checker itself must be able to fail --------------------------------------------------
 
 class _SoftmaxDropsTerm(Softmax):
