@@ -199,6 +199,10 @@ class Linear(Module):
         self.bias = Parameter(uniform(rng, (d_out,), bound)) if bias else None
 
     def forward(self, x):
+        if x.dtype != self.weight.dtype and not getattr(x, "requires_grad", False):
+            # data (np.random.rand's float64, integers) in the parameters' dtype: else the weights' gradient
+            # comes back in another dtype, and backward() fails in an op the caller never called
+            x = Tensor((x.data if isinstance(x, Tensor) else x).astype(self.weight.dtype))
         return F.linear(x, self.weight, self.bias)   # x (..., d_in): the op folds leading axes into rows
 
 
