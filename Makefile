@@ -64,10 +64,10 @@ demo: $(if $(filter command line,$(origin PY)),,venv)
 	terminal (for PNGs: $(PY) -m pip install matplotlib, then make demo again)")
 	$(PY) train.py $(DEMO_RUN) $(DEMO_ARGS)
 	$(PY) train.py --plot --out $(DEMO)
-	@echo "the demo's run is $(DEMO): $(if $(DEMO_PNG),open $(DEMO)/plots/learning-curves.png first (the loss \
-	falls, the held-out accuracies rise to 1)$(comma) then the attention traces beside it,see the learning curves \
-	above first$(comma) then the attention traces) (each output step reads one input: one table at a time); \
-	docs/glossary.md says what each curve counts"
+	@echo "the demo's run is $(DEMO): $(if $(DEMO_PNG),open $(DEMO)/plots/learning-curves.png first (the \
+	loss falls$(comma) the held-out accuracies rise to 1)$(comma) then the attention traces beside it,see \
+	the learning curves above first$(comma) then the attention traces) (each output step reads one input: \
+	one table at a time); docs/glossary.md says what each curve counts"
 
 test: venv
 	MINATTN_REQUIRE_GPU=$(if $(filter gpu,$(DEVICE)),1,0) $(PY) -m pytest -q

@@ -94,7 +94,8 @@ class Adam(Optimizer):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
         super().__init__(params, lr)
-        _check(type(self), "betas", betas, len(betas) == 2 and all(0 <= b < 1 for b in betas), "two numbers in [0, 1)")
+        _check(type(self), "betas", betas, len(betas) == 2 and all(0 <= b < 1 for b in betas),
+               "two numbers in [0, 1)")
         _check(type(self), "eps", eps, 0 <= eps, "a number ≥ 0")
         self.betas, self.eps, self.weight_decay = betas, eps, weight_decay
 

@@ -61,6 +61,7 @@ def test_demo_without_matplotlib_says_so_once_and_still_trains(tmp_path):
     stdout, _ = make_demo(out, {"PYTHONPATH": f"{hide}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
     assert stdout.startswith("matplotlib is not installed: training anyway")
     assert stdout.count("matplotlib is not installed: training") == 1 and "open " not in stdout
-    assert os.path.exists(os.path.join(out, "results.json")) and not os.path.exists(os.path.join(out, "plots"))
+    assert os.path.exists(os.path.join(out, "results.json"))
+    assert not os.path.exists(os.path.join(out, "plots"))
     assert "-- train_loss --" in stdout and "== learning curves of lookup / seq2attn" in stdout   # as text
     assert "see the learning curves above first" in stdout

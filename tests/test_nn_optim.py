@@ -156,7 +156,7 @@ def test_gru_cell_matches_pytorch_equations():
 @pytest.mark.parametrize("dtype", [np.float64, np.int64])
 def test_linear_casts_data_of_another_dtype_to_its_parameters(dtype):
     """np.random.rand gives float64: such data is cast where Linear is called. (It failed later, in
-    backward(), naming an op of the annex the caller never called: GroupedLinear; an int64 input gave float64.)"""
+    backward(), naming an op of the annex the caller never called, GroupedLinear; int64 gave float64.)"""
     layer = nn.Linear(4, 3)
     y = layer(Tensor(np.arange(8).reshape(2, 4).astype(dtype)))
     assert y.dtype == np.float32
@@ -209,7 +209,7 @@ PYTORCH_DEFAULTS = {optim.AdamW: dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, wei
 
 @pytest.mark.parametrize("cls", list(PYTORCH_DEFAULTS), ids=lambda c: c.__name__)
 def test_adam_defaults_are_pytorchs(cls):
-    """The defaults as stored, and as used: two steps with the defaults equal the hand computation with them."""
+    """The defaults as stored, and as used: two steps with them equal the hand computation with them."""
     want = PYTORCH_DEFAULTS[cls]
     p = nn.Parameter(np.array([1.0, -2.0, 0.5]))
     opt = cls([p])
@@ -235,8 +235,9 @@ def test_optimizers_refuse_bad_hyperparameters_in_one_line(cls, kwargs, message)
     with pytest.raises(ValueError) as e:
         cls([nn.Parameter(np.zeros(2))], **kwargs)
     assert message in str(e.value) and "\n" not in str(e.value)
-    cls([nn.Parameter(np.zeros(2))], lr=0.0)          # 0 and inf are allowed, as in PyTorch (train.py --lr inf
-    cls([nn.Parameter(np.zeros(2))], lr=float("inf"))  # starts, then stops at the first non-finite loss: exit 3)
+    # 0 and inf are allowed, as in PyTorch (train.py --lr inf starts, then stops at a non-finite loss: exit 3)
+    cls([nn.Parameter(np.zeros(2))], lr=0.0)
+    cls([nn.Parameter(np.zeros(2))], lr=float("inf"))
 
 
 def test_sgd_momentum():

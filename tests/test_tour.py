@@ -10,7 +10,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def tour_steps():
-    """[(python code, the text block after it)]: every python block of docs/tour.md is followed by its output."""
+    """[(python code, the text block after it)]: each python block of docs/tour.md comes with its output."""
     with open(os.path.join(ROOT, "docs", "tour.md")) as f:
         return re.findall(r"```python\n(.*?)```\n```text\n(.*?)```", f.read(), re.S)
 

@@ -260,7 +260,7 @@ def test_render_text_puts_panels_side_by_side_as_width_allows():
     assert narrow.count("-- p --") == 2 and len(narrow.splitlines()) == 2 * len(wide.splitlines())
 
 
-# --- learning curves (viz.learning_curves; report.run_curves and report(…, plot_dir) read the run directories) ---
+# --- learning curves (viz.learning_curves; report.run_curves and report(…, plot_dir) read run directories) ---
 
 # two runs' logs: the first has a diverged last evaluation (a loss, no metrics), the second other steps
 LOG_A = [{"step": 10, "train_loss": 2.5, "valid": 0.25, "test": 0.5, "wall_s": 1.0},
@@ -272,17 +272,14 @@ CURVE_RUNS = [("a", LOG_A, 20), ("b", LOG_B, None)]
 
 def test_learning_curves_hold_the_logs_points_and_mark_the_selected_steps():
     picture = viz.learning_curves(CURVE_RUNS, "t")
-    assert [p.title for p in picture.panels] == ["train_loss", "valid", "test", "gate_mean"]   # the logs' order
-    nan = np.nan
+    assert [p.title for p in picture.panels] == ["train_loss", "valid", "test", "gate_mean"]   # logs' order
     for panel in picture.panels:
         assert panel.kind == "curves" and panel.cols == [10, 15, 20, 30] and panel.rows == ["a", "b"]
         assert panel.marks == [20, None]
         key = panel.title
-        want = [[e.get(key) if e.get(key) is not None else nan for e in log for s in panel.cols if e["step"] == s]
-                for log in (LOG_A, LOG_B)]
         for row, log in zip(panel.values, (LOG_A, LOG_B)):   # every point is the log's, NaN where it has none
             got = {s: v for s, v in zip(panel.cols, row) if not np.isnan(v)}
-            assert got == {e["step"]: e[key] for e in log if e.get(key) is not None}, (key, want)
+            assert got == {e["step"]: e[key] for e in log if e.get(key) is not None}, key
     train_loss, valid = picture.panels[:2]
     assert (train_loss.vmin, train_loss.vmax) == (None, None) and (valid.vmin, valid.vmax) == (0, 1)
 
@@ -313,7 +310,7 @@ def test_run_curves_read_the_log_and_mark_results_best_step(tmp_path):
     assert [p.title for p in picture.panels] == ["train_loss", "valid", "test"]
     assert all(p.marks == [20] for p in picture.panels) and "step 20" in picture.title
     np.testing.assert_array_equal(picture.panels[1].values, [[0.25, 0.75, np.nan]])
-    scan = write_run(tmp_path / "scan", LOG_B, best_step=None)       # SCAN selects nothing: the last is marked
+    scan = write_run(tmp_path / "scan", LOG_B, best_step=None)   # SCAN selects nothing: the last is marked
     assert report.run_curves(scan)[0].panels[0].marks == [15]
 
 

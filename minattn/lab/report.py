@@ -1,8 +1,8 @@
 """The report of finished runs (``train.py --report``): one row per run directory (results.json, or the
 checkpoint of a run that has not finished), means ± sample std over seeds, and learning curves over
 training-set sizes. What it cannot read it skips, naming why. ``run_curves`` (for ``--plot``) and
-``report(…, plot_dir)`` (``--report … --plot-dir DIR``) draw runs' learning curves: their metrics.jsonl against
-the step, the selected step marked (viz.learning_curves).
+``report(…, plot_dir)`` (``--report … --plot-dir DIR``) draw runs' learning curves: their metrics.jsonl
+against the step, the selected step marked (viz.learning_curves).
 """
 import contextlib
 import json
@@ -77,8 +77,8 @@ def _unfinished_run(d):
     metrics = meta["last"] if isinstance(meta.get("last"), dict) else older_metrics({"metrics": {}}, history)
     best = meta.get("best") if isinstance(meta.get("best"), dict) else {}   # the selected evaluation so far
     r = {"task": cfg["task"], "model": cfg["model"], "preset": cfg["preset"], "seed": cfg["seed"],
-         "steps": last.get("step"), "config": cfg, "best_step": best.get("step") if _int(best.get("step")) else None,
-         "wall_s": last.get("wall_s") or 0,
+         "steps": last.get("step"), "config": cfg, "wall_s": last.get("wall_s") or 0,
+         "best_step": best.get("step") if _int(best.get("step")) else None,
          "ms_per_step": None, "metrics": {k: v for k, v in metrics.items() if _number(v)}}
     return r, [h for h in history if isinstance(h, dict)], f"unfinished: step {last.get('step')} of {cfg['steps']}"
 
@@ -162,8 +162,8 @@ def report(paths, plot_dir=None):
 
 
 def run_curves(out_dir):
-    """[the learning curves of the run in out_dir] (a viz Picture: metrics.jsonl against the step, the selected
-    step marked), or [] with a warning when it has no log to draw: what ``--plot`` adds to its pictures."""
+    """[the learning curves of the run in out_dir] (a viz Picture: metrics.jsonl against the step, the
+    selected step marked), or [] with a warning when it has no log to draw: what ``--plot`` adds."""
     try:
         picture = _curves_picture([(out_dir, *finished_run(out_dir)[:2])])
     except UsageError as e:
@@ -184,16 +184,18 @@ def _curves_picture(runs):
     runs = [(d, r, log) for d, r, log in runs if log]
     if not runs:
         return None
-    names = [os.path.basename(os.path.normpath(d)) for d, _, _ in runs]   # a legend's label: the directory's name
-    names = names if len(set(names)) == len(names) else [d for d, _, _ in runs]
+    names = [os.path.basename(os.path.normpath(d)) for d, _, _ in runs]   # the legend: the directories' names
+    names = names if len(set(names)) == len(names) else [d for d, _, _ in runs]   # (or their paths)
     marks = [r["best_step"] if r["best_step"] is not None else log[-1]["step"] for _, r, log in runs]
     d, r, _ = runs[0]
     if len(runs) == 1:
         what = f"{r['task']} / {r['model']} ({r['preset']} preset, seed {r['seed']}) in {d}"
-        mark = (f"dashed: the selected evaluation, step {marks[0]} (results.json's best_step)" if r["best_step"]
-                is not None else f"dashed: the last evaluation, step {marks[0]} (this task selects none)")
+        mark = (f"dashed: the selected evaluation, step {marks[0]} (results.json's best_step)"
+                if r["best_step"] is not None else
+                f"dashed: the last evaluation, step {marks[0]} (this task selects none)")
     else:
-        what = f"{len(runs)} runs of " + ", ".join(dict.fromkeys(f"{r['task']} / {r['model']}" for _, r, _ in runs))
+        kinds = dict.fromkeys(f"{r['task']} / {r['model']}" for _, r, _ in runs)
+        what = f"{len(runs)} runs of " + ", ".join(kinds)
         mark = "dashed: each run's selected evaluation (results.json's best_step; none selected: its last)"
     return viz.learning_curves([(name, log, m) for name, (_, _, log), m in zip(names, runs, marks)],
                                f"learning curves of {what}\n{mark}")

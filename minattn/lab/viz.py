@@ -16,8 +16,8 @@ picks one by whether matplotlib is installed.
     pictures = viz.encoder_pictures(model, ids, lengths, tokens, "ctl / ndr: 101 d a b")
     viz.write_pictures(pictures, "runs/ctl-ndr-cpu-s0/plots")   # PNGs, or text without matplotlib
 
-``train.py --plot`` does this for a checkpoint, through each recipe's ``plot_examples`` (minattn/lab/recipes/),
-and adds the run's learning curves (report.run_curves). matplotlib is imported only inside the PNG renderer,
+``train.py --plot`` does this for a checkpoint, through each recipe's ``plot_examples``
+(minattn/lab/recipes/), and adds the run's learning curves (report.run_curves). matplotlib is imported only inside the PNG renderer,
 so it stays an optional extra (``pip install -e .[plot]``).
 Collectors move data to the host explicitly, with one ``backend.to_numpy`` per picture (plus one for a
 prediction shown in a title), so they run unchanged on a GPU.
@@ -555,12 +555,13 @@ def text_curves(values, steps, labels, marks=(), vmin=None, vmax=None, width=40)
     vmin..vmax, else the data's), its first and last value, and the value at its marked step."""
     values = np.asarray(values, dtype=float)
     lo, hi = _value_range(values, vmin, vmax) if vmin is not None else _data_range(values)
-    pick = np.unique(np.linspace(0, len(steps) - 1, min(width, len(steps))).round().astype(int)) if steps else []
+    n = len(steps)
+    pick = np.unique(np.linspace(0, n - 1, min(width, n)).round().astype(int)) if n else []
     pad = max(map(len, labels), default=0)
     lines = []
     for label, ys, mark in zip(labels, values, list(marks) + [None] * len(labels)):
-        spark = "".join(" " if not np.isfinite(ys[i]) else
-                        SPARKS[0 if hi == lo else round((ys[i] - lo) / (hi - lo) * (len(SPARKS) - 1))] for i in pick)
+        level = np.clip((ys - lo) / ((hi - lo) or 1), 0, 1) * (len(SPARKS) - 1)
+        spark = "".join(SPARKS[round(level[i])] if np.isfinite(ys[i]) else " " for i in pick)
         ok = np.flatnonzero(np.isfinite(ys))
         ends = f"{ys[ok[0]]:.4g} → {ys[ok[-1]]:.4g}" if ok.size else "no value"
         at = f"; selected: step {mark}, {ys[steps.index(mark)]:.4g}" if mark in steps else ""
