@@ -15,9 +15,9 @@ comma  := ,
 VENV   := .venv
 PY     := $(VENV)/bin/python
 DEVICE ?= cpu
-TASK   ?= ctl
-MODEL  ?= ndr
 ARGS   ?=
+# $(call given,VAR,--flag): "--flag $(VAR)" when VAR was given (command line or environment), else nothing
+given = $(if $(filter command line environment,$(origin $(1))),$(2) $($(1)))
 RUN    ?=
 # The CuPy wheel for DEVICE=gpu: cupy-cuda12x or cupy-cuda13x, matching the CUDA version nvidia-smi shows.
 # Its [ctk] extra installs the CUDA libraries CuPy loads (NVRTC, cuBLAS, cuRAND) from PyPI, so a machine
@@ -85,9 +85,10 @@ golden: venv
 mutation: venv
 	$(PY) tests/mutation.py $(ARGS)
 
-# DEVICE goes to train.py only when given, so that `ARGS="--resume DIR"` continues on the run's own device.
+# TASK, MODEL and DEVICE go to train.py only when given (its defaults: ctl, ndr, cpu), so that
+# `ARGS="--resume DIR"` continues the run saved there: its task, model, settings and device.
 train: venv
-	$(PY) train.py --task $(TASK) --model $(MODEL) $(if $(filter command line environment,$(origin DEVICE)),--device $(DEVICE)) $(ARGS)
+	$(PY) train.py $(call given,TASK,--task) $(call given,MODEL,--model) $(call given,DEVICE,--device) $(ARGS)
 
 # The checkpoint names its task and model: TASK and MODEL are passed (and checked against it) only when
 # given on the command line. PNGs need matplotlib (.venv/bin/pip install -e '.[plot]'); without it the maps

@@ -24,6 +24,7 @@ other tasks are generated in about a second.
 """
 import argparse
 import inspect
+import math
 import os
 import sys
 
@@ -35,11 +36,32 @@ from minattn.data.seq2attn import ScanGrammar
 
 
 def _option(text: str):
-    """--set KEY=VALUE: an int when it reads as one, else the string."""
+    """--set KEY=VALUE: the pair, typed later by the task's option (``_typed``)."""
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return key, int(value) if value.lstrip("-").isdigit() else value
+    return key, value
+
+
+def _typed(key, text, default):
+    """--set KEY=TEXT as the type of the option's default. A count must be ≥ 1 (a size of -1 or a max_length of
+    0 is no task: its generator would never end), a number finite and ≥ 0."""
+    kind = type(default)
+    if kind is bool:
+        if text.lower() not in ("true", "false", "1", "0"):
+            raise ValueError(f"--set {key}={text}: expected true or false")
+        return text.lower() in ("true", "1")
+    if kind not in (int, float):
+        return text
+    try:
+        value = kind(text)
+    except ValueError:
+        raise ValueError(f"--set {key}={text}: expected {'an integer' if kind is int else 'a number'}") from None
+    if kind is int and value < 1:
+        raise ValueError(f"--set {key}={text}: expected an integer ≥ 1")
+    if kind is float and not 0 <= value < math.inf:
+        raise ValueError(f"--set {key}={text}: expected a finite number ≥ 0")
+    return value
 
 
 def _task(args):
@@ -52,12 +74,13 @@ def _task(args):
             return ScanGrammar()
         options["split"] = args.split
     if args.task in TASKS:   # name a mistyped option and the valid ones, not the constructor's TypeError
-        valid = [k for k in inspect.signature(TASKS[args.task].__init__).parameters
-                 if k not in ("self", "seed", "cache_dir", "split")]
-        unknown = [k for k in options if k not in valid and k != "split"]
+        defaults = {k: p.default for k, p in inspect.signature(TASKS[args.task].__init__).parameters.items()
+                    if k not in ("self", "seed", "cache_dir", "split")}
+        unknown = [k for k in options if k not in defaults and k != "split"]
         if unknown:
             raise ValueError(f"{args.task} has no option {', '.join(map(repr, unknown))} for --set; valid: "
-                             f"{', '.join(valid) or 'none'}")
+                             f"{', '.join(defaults) or 'none'}")
+        options.update({k: _typed(k, v, defaults[k]) for k, v in options.items() if k in defaults})
     return get_task(args.task, seed=args.seed, cache_dir=args.cache_dir, **options)
 
 

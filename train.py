@@ -43,6 +43,7 @@ import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from minattn import backend, optim  # noqa: E402
+from minattn.engine import is_plain  # noqa: E402
 from minattn.lab import cli  # noqa: E402
 from minattn.lab.errors import Diverged, UsageError  # noqa: E402
 from minattn.lab.legacy import old_checkpoint, older_metrics  # noqa: E402
@@ -50,7 +51,8 @@ from minattn.lab.recipes import RECIPES, recipe_for  # noqa: E402, F401 (RECIPES
 from minattn.lab.recipes.base import optimizer, schedule, stop_early  # noqa: E402
 from minattn.lab.rundir import (CHECKPOINT, Terminated, append_line, identity,  # noqa: E402, F401
                                 load_checkpoint, locked, missing_top, remove_empty, repair_log, running_sums,
-                                save_checkpoint, stop_at_step_end, terminated, to_json, write_atomic)
+                                save_checkpoint, stop_at_step_end, stopping_at_once, terminated, to_json,
+                                write_atomic)
 from minattn.lab.settings import make_config, resume_check, user_values  # noqa: E402, F401 (make_config: too)
 
 
@@ -162,14 +164,34 @@ def restore(cfg, out_dir, resume):
 def loop(run, progress):
     """Train up to ``cfg.steps``: batches → loss → backward → clip → AdamW step; every ``eval_every``
     steps (and after the last) an evaluation, a line in the log and a checkpoint. SIGTERM stops the loop at
-    the end of a step, which is saved first; a loss that is not finite stops it at the next evaluation."""
+    the end of its step, which is saved first (in an evaluation: at once, and the step is saved without it,
+    so that the resume evaluates it); a loss that is not finite stops the loop at the next evaluation."""
     cfg, recipe, model, opt = run.cfg, run.recipe, run.model, run.opt
     rng = backend.RNG(cfg.seed, cfg.device)
     bar = tqdm(total=cfg.steps, initial=run.step, disable=not progress, desc=f"{cfg.task}/{cfg.model}",
                unit="step")
     model.train()
     stop_at_step_end(True)                    # SIGTERM from now on: the loop below saves its step, then stops
-    while run.step < cfg.steps and not stop_early(cfg, run.rule, run.step, run.history):
+    while True:
+        if terminated():                      # SIGTERM: save this step (with the interval's sums), exit 143
+            if run.sums.batches:
+                checkpoint(run, running=True)
+            raise Terminated
+        if run.sums.batches and (run.step % cfg.eval_every == 0 or run.step == cfg.steps):
+            try:
+                entry = evaluate(run, bar)
+            except Terminated:                # in the evaluation: the step is saved, the evaluation is not
+                checkpoint(run, running=True)
+                raise
+            if run.diverged:                  # the last checkpoint (finite weights) stays as it is
+                break
+            bar.set_postfix({k: v for k, v in entry.items() if k not in ("step", "wall_s")})
+            run.sums = Sums()
+            checkpoint(run)
+            bar.unpause()                     # rate and ETA count training, not evaluation and checkpoint
+        if run.step >= cfg.steps or stop_early(cfg, run.rule, run.step, run.history):
+            break
+
         t0 = time.perf_counter()
         batch = next(run.stream)
         model.set_rng(rng.reseed(run.step))   # step k's masks, also after a resume; one generator per run
@@ -182,19 +204,6 @@ def loop(run, progress):
         run.sums.add(loss.data, norm, stats, n)
         run.train_time += time.perf_counter() - t0
         bar.update(1)
-
-        if run.step % cfg.eval_every == 0 or run.step == cfg.steps:
-            entry = evaluate(run, bar)
-            if run.diverged:                  # the last checkpoint (finite weights) stays as it is
-                break
-            bar.set_postfix({k: v for k, v in entry.items() if k not in ("step", "wall_s")})
-            run.sums = Sums()
-            checkpoint(run)
-            bar.unpause()                     # rate and ETA count training, not evaluation and checkpoint
-        if terminated():                      # SIGTERM: save this step (with the interval's sums), exit 143
-            if run.sums.batches:
-                checkpoint(run, running=True)
-            raise Terminated
     stop_at_step_end(False)                   # (a SIGTERM after the last step stops the run here)
     bar.close()
 
@@ -213,8 +222,9 @@ def evaluate(run, bar):
     if not run.diverged:
         bar.set_postfix_str("evaluating…", refresh=True)   # or the bar looks frozen meanwhile
         run.model.eval()                      # with eval_mode() in the recipes: dropout off either way
-        entry.update(run.recipe.log_extra(run.model))
-        run.last = run.recipe.evaluate(run.model)
+        with stopping_at_once():              # SIGTERM: the evaluation (a minute, maybe) is abandoned
+            entry.update(run.recipe.log_extra(run.model))
+            run.last = run.recipe.evaluate(run.model)
         entry.update(run.last)
         run.model.train()
     entry["wall_s"] = round(run.train_time, 1)
@@ -242,7 +252,7 @@ def checkpoint(run, running=False):
     save_checkpoint(os.path.join(run.out_dir, CHECKPOINT),
                     {"identity": identity(cfg), "config": dataclasses.asdict(cfg), "step": run.step,
                      "best": run.best, "last": run.last, "train_time": run.train_time,
-                     "history": run.history},
+                     "history": run.history, "plain": is_plain()},   # the path: see settings.resume_check
                     run.model.state_dict(), run.opt.state_dict(), run.selected,
                     run.sums.astuple() if running else None)
 

@@ -133,7 +133,7 @@ def test_report_skips_what_is_not_a_finished_run_and_counts_a_run_once(tmp_path,
 
 def test_a_diverging_run_stops_with_exit_3_and_valid_json(tmp_path, capsys):
     out = str(tmp_path)
-    code, err = run(TINY + ["--steps", "8", "--lr", "inf", "--out", out], capsys)
+    code, err = run(TINY + ["--steps", "8", "--lr", "1e30", "--out", out], capsys)   # inf: refused up front
     one_line_error(code, err, expected_code=3, started=True)
     assert "not finite at step 2" in err
     log = strict_json_lines(tmp_path / "metrics.jsonl")

@@ -89,6 +89,17 @@ def terminated():
     return _signals["terminated"]
 
 
+@contextlib.contextmanager
+def stopping_at_once():
+    """In the block (an evaluation, which may take a minute: longer than a scheduler's grace period before its
+    SIGKILL), SIGTERM raises ``Terminated`` where it comes, as Ctrl-C does, rather than at the end of the step."""
+    was, _signals["at_step_end"] = _signals["at_step_end"], False
+    try:
+        yield
+    finally:
+        _signals["at_step_end"] = was
+
+
 def writable(path):
     """Whether files can be created in the directory ``path`` (permissions, and not a read-only file system)."""
     return os.access(path, os.W_OK) and not os.statvfs(path).f_flag & os.ST_RDONLY
@@ -111,9 +122,10 @@ def deferring_signals():
 # --- files in a run directory: never through a symbolic link, never anything but a regular file ----------
 
 def open_in_run(path, flags, mode=0o644):
-    """os.open(path) for writing a file of a run directory: a symbolic link at ``path`` is refused (O_NOFOLLOW,
-    so a shared directory's ``lock -> ~/.bashrc`` cannot redirect a write) and so is anything but a regular
-    file (a FIFO would block: O_NONBLOCK opens it without waiting, then it is refused)."""
+    """os.open(path) for writing a file of a run directory: a symbolic link at ``path`` is refused
+    (O_NOFOLLOW, so a shared directory's ``lock -> ~/.bashrc`` cannot redirect a write), and so are anything
+    but a regular file (a FIFO would block: O_NONBLOCK opens it without waiting, then it is refused) and a
+    file with other hard links (the files opened here are appended to or truncated in place)."""
     try:
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
     except OSError as e:
@@ -121,10 +133,15 @@ def open_in_run(path, flags, mode=0o644):
             raise UsageError(f"{path} is a symbolic link or a special file: minattn writes only regular files in a "
                              "run directory (remove it)") from None
         raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise UsageError(f"{path} is not a regular file: minattn writes only regular files in a run directory "
                          "(remove it)")
+    if st.st_nlink > 1:   # a copy made with cp -al or rsync --link-dest: writing here writes into the other
+        os.close(fd)
+        raise UsageError(f"{path} has {st.st_nlink} hard links (a copy made with cp -al?), so a run would write "
+                         f"into every copy: remove it (it is made afresh), or copy the run directory with cp -a")
     fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
     return fd
 
@@ -397,6 +414,8 @@ def load_checkpoint(path):
     last = ckpt.get("last", {})   # the last evaluation's metrics (absent in checkpoints written before them)
     if not (isinstance(last, dict) and all(v is None or _number(v) for v in last.values())):
         raise Corrupted(f"checkpoint {path} is corrupted (last: expected an object of metrics)")
+    if not isinstance(ckpt.get("plain", False), bool):   # the path it was trained on (MINATTN_PLAIN), if saved
+        raise Corrupted(f"checkpoint {path} is corrupted (plain: expected true or false)")
     names = ckpt.pop("parameters")
     running = {k.split("/", 1)[1]: arrays.pop(k) for k in [k for k in arrays if k.startswith("running/")]}
     r = ckpt.get("running")   # the sums of an evaluation interval in progress (a checkpoint on SIGTERM)
@@ -456,17 +475,21 @@ def settings(config):
 
 
 def read_log(path):
-    """The entries of a metrics log, skipping lines that are not JSON objects with a step (a line torn by a
-    kill, an edit)."""
-    entries = []
-    with open_regular(path) as f:
-        for line in filter(str.strip, f):
+    """The entries of a metrics log, skipping with a warning the lines that are not JSON objects with a step (a
+    line torn by a kill, an edit, bytes that are not UTF-8): the checkpoint, not the log, holds the history."""
+    entries, skipped = [], 0
+    with open_regular(path, "rb") as f:
+        for line in filter(bytes.strip, f):
             try:
-                entry = json.loads(line)
+                entry = json.loads(line.decode())   # UnicodeDecodeError is a ValueError too
             except ValueError:
-                continue
+                entry = None
             if isinstance(entry, dict) and isinstance(entry.get("step"), int):
                 entries.append(entry)
+            else:
+                skipped += 1
+    if skipped:
+        print(f"warning: {path}: skipped {skipped} unreadable line{'s' * (skipped > 1)}", file=sys.stderr)
     return entries
 
 
@@ -474,13 +497,16 @@ def repair_log(path, history, step):
     """On --resume: make metrics.jsonl hold exactly the checkpoint's evaluations. It is only ever appended to,
     so it usually does; a kill can leave lines of evaluations after the checkpoint, or a torn last line, and
     those are dropped with a warning (a missing log is rewritten from the checkpoint)."""
-    lines = [json.dumps(h, allow_nan=False) + "\n" for h in history]
+    lines = [json.dumps(h, allow_nan=False) + "\n" for h in history]   # ASCII: json.dumps escapes the rest
     try:
-        with open_regular(path) as f:
-            old = f.readlines()
+        with open_regular(path, "rb") as f:   # bytes: a line that is not UTF-8 is one more line to drop
+            old = [line.decode("ascii", "replace") for line in f]
+            shared = os.fstat(f.fileno()).st_nlink > 1
     except FileNotFoundError:
-        old = []
+        old, shared = [], False
     if old == lines:
+        if shared:   # a hard link (cp -al): appending would write into the other copy's log too
+            write_atomic(path, lambda f: f.writelines(lines))   # a file of its own, the same lines
         return
     keep = next((i for i, (a, b) in enumerate(zip(old, lines)) if a != b), min(len(old), len(lines)))
     print(f"warning: {path} did not match the checkpoint of step {step}: kept {keep} lines, dropped "

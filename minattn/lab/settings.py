@@ -6,9 +6,11 @@ minattn/lab/rundir.py's; this is where the recipes are asked what a setting is.
 import contextlib
 import dataclasses
 import json
+import math
 import os
 
 from minattn import backend
+from minattn.engine import is_plain
 
 from .errors import UsageError
 from .recipes import RECIPES, recipe_for
@@ -36,10 +38,7 @@ def make_config(task, model, preset="cpu", **overrides):
     the run, the task options or the model, by name; None means "keep the preset's"). The task options are
     given to the preset, which may count in them (e.g. SCAN's steps in epochs of its split)."""
     recipe = recipe_for(task)
-    if model not in recipe.models:
-        raise UsageError(f"unknown model {model!r} for task {task}; valid models: {', '.join(recipe.models)}")
-    if preset not in ("cpu", "paper"):
-        raise UsageError(f"unknown preset {preset!r}; valid presets: cpu, paper")
+    recipe.check_names(task, model, preset)
     fields = field_types(recipe, model)
     unknown = sorted(k for k, v in overrides.items() if v is not None and k not in fields)
     flags = [k for k in unknown if k in TASK_FLAGS]   # a task option given as its flag to a task without it
@@ -73,7 +72,20 @@ def make_config(task, model, preset="cpu", **overrides):
         value = getattr(cfg, key)
         if value < 0:
             raise UsageError(f"{key} must be ≥ 0, got {value}")
+    for part in (cfg, cfg.options, cfg.model_config):   # NaN passes every comparison above, inf most
+        for f in dataclasses.fields(part) if part is not None else ():
+            value = getattr(part, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise UsageError(f"{f.name} must be a finite number, got {value}")
+            if f.name in LOOPS and isinstance(value, int) and value > MAX_LOOPS:   # 10⁹ would never end
+                raise UsageError(f"{f.name} is {value}: above {MAX_LOOPS:,} applications or layers are "
+                                 "refused")
     return cfg
+
+
+# settings that count applications of a layer or layers: bounded (a checkpoint's too) so that none runs forever
+LOOPS = ("n_steps", "n_steps_eval", "n_layers", "n_encoder_layers", "n_decoder_layers", "n_abstractor_layers")
+MAX_LOOPS = 10_000
 
 
 # --- settings by name ------------------------------------------------------------------------------------
@@ -160,6 +172,10 @@ def saved_settings(ckpt, path):
         if kind is not None and value is not None and not ok[kind](value):
             what = {int: "an integer", float: "a number", bool: "true or false", str: "text"}[kind]
             raise Corrupted(f"checkpoint {path} is corrupted (config.{key}: expected {what}, got {value!r:.40})")
+    loops = [k for k in LOOPS if _int(flat.get(k)) and flat[k] > MAX_LOOPS]
+    if loops:
+        raise Corrupted(f"checkpoint {path} is corrupted (config.{loops[0]}: {flat[loops[0]]}, above "
+                        f"{MAX_LOOPS:,})")
     if flat.get("device") not in (None, "cpu", "gpu"):   # not in the identity, so checked here (a resume runs there)
         raise Corrupted(f"checkpoint {path} is corrupted (config.device: {flat['device']!r:.40}, not cpu or gpu)")
     for key in ("steps", "batch_size", "lr", "eval_every", "eval_batch_size"):   # as make_config has them: > 0
@@ -228,6 +244,11 @@ def resume_check(cfg, out_dir):
     if diff:
         raise UsageError(f"checkpoint in {out_dir} was written by a different run (differs in: {', '.join(diff)}); "
                          "nothing was overwritten")
+    if ckpt.get("plain", is_plain()) != is_plain():   # absent before the path was recorded: not checked
+        was = int(ckpt["plain"])
+        raise UsageError(f"{out_dir} was trained with MINATTN_PLAIN={was} and this resume runs with "
+                         f"MINATTN_PLAIN={1 - was}: the two paths agree to ~1e-4, not bit for bit; continue with "
+                         f"MINATTN_PLAIN={was}")
     if cfg.steps < ckpt["step"]:
         raise UsageError(f"--steps {cfg.steps} is below step {ckpt['step']}, which {out_dir} has already reached")
     return ckpt

@@ -40,7 +40,7 @@ import numpy as np
 
 from minattn import backend, optim
 
-from ..errors import UsageError  # noqa: F401  (re-exported: recipes raise it)
+from ..errors import UsageError  # (re-exported: recipes raise it)
 
 
 @dataclasses.dataclass
@@ -209,9 +209,18 @@ class Recipe:
         return row
 
     @classmethod
+    def check_names(cls, task, model, preset):
+        """A model or preset this recipe does not have is a UsageError naming the valid ones."""
+        if model not in cls.models:
+            raise UsageError(f"unknown model {model!r} for task {task}; valid models: {', '.join(cls.models)}")
+        if preset not in ("cpu", "paper"):
+            raise UsageError(f"unknown preset {preset!r}; valid presets: cpu, paper")
+
+    @classmethod
     def config(cls, task, model, preset, **options):
         """The RunConfig of a preset (before command-line overrides other than the task ``options``, which
         choose the data a preset may count in)."""
+        cls.check_names(task, model, preset)
         row = preset_row(cls, task, model, preset)
         row = cls.derive({**row, **options}, task, model)
         parts = {"run": {}, "model": {}, "options": {}}
