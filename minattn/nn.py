@@ -246,13 +246,19 @@ class Dropout(Module):
         self.p, self.rng, self.scale, self.shared_axes = p, rng, scale, tuple(shared_axes)
 
     def forward(self, x):
+        keep = self.draw(x)
+        return x if keep is None else x * keep
+
+    def draw(self, x):
+        """The mask this call multiplies ``x`` by (None where dropout is off). A GPU kernel that fuses the
+        dropout (minattn/fast/kernels.py) draws it here too, so the random stream is the same."""
         if not (self.training and is_training()) or self.p == 0:
-            return x
+            return None
         shape = tuple(1 if a in self.shared_axes or a - x.ndim in self.shared_axes else n
                       for a, n in enumerate(x.shape))
         rng = self.rng if self.rng is not None else backend.default_rng(backend.device_of(x.data))
         plan = vars(self).get("_plan")
-        return x * (self.mask(rng, shape, x.dtype) if plan is None else plan.next(self, rng, shape, x.dtype))
+        return self.mask(rng, shape, x.dtype) if plan is None else plan.next(self, rng, shape, x.dtype)
 
     def mask(self, rng, shape, dtype):
         """Entries 1/(1 − p) (or 1 without ``scale``) with probability 1 − p, else 0, drawn from ``rng``."""
@@ -287,6 +293,26 @@ class FeedForward(Module):
 
     def forward(self, x):
         return self.fc2(self.dropout(F.relu(self.fc1(x))))
+
+
+# --- chains that the GPU tier of the annex runs as one kernel each (minattn/fast/kernels.py) -----------
+
+def residual_norm(norm, h, dropout, x):
+    """norm(h + dropout(x)): a post-norm residual connection."""
+    return norm(h + dropout(x))
+
+
+def linear_relu_dropout(x, w, b, dropout):
+    """dropout(ReLU(x W + b)): a feed-forward's hidden layer."""
+    return dropout(F.relu(F.linear(x, w, b)))
+
+
+def gated_mix(h, u, x, linear, dropout):
+    """(h + g ⊙ (u − h), g) with the gate g = dropout(σ(linear(x))) in h's shape: where g = 0 the state h
+    is kept, where g = 1 it is replaced by u."""
+    g = dropout(F.sigmoid(linear(x)))
+    u, g = u.reshape(h.shape), g.reshape(h.shape)
+    return h + g * (u - h), g
 
 
 class GRUCell(Module):
