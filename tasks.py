@@ -12,15 +12,15 @@
 | listops | evaluate nested MIN/MAX/MED/SM lists | listops.py | docs/ndr.md §7.3 |
 | lookup | apply lookup tables, writing every intermediate result | seq2attn.py | docs/seq2attn.md §2 |
 | scan | translate a SCAN command into actions (one split at a time) | seq2attn.py | docs/seq2attn.md §3 |
-| retrieval | per search, a feature of each object's nearest neighbour | compositional.py | docs/compositional.md §7 |
-| sort, pairwise, set | sort objects; order a pair; is a triple of cards a SET | abstractor.py | docs/abstractor.md §6 |
+| retrieval | per search, a feature of the nearest neighbour | compositional.py | docs/compositional.md §7 |
+| sort, pairwise, set | sort objects, order a pair, spot a SET | abstractor.py | docs/abstractor.md §6 |
 | mlu | x=85,y=-523,x*y → -44455, character by character | coda.py | docs/coda.md §5 |
 
-The generators live in the package (``minattn.data``) behind one interface, described in its
-docstring: ``task.splits``, ``len(split)``, ``split.lines``, ``split.describe()``. The names below
-are re-exported for scripts and the tests (train.py reaches the data through its recipes, minattn/lab/recipes/).
-Generated token-classification data is cached under ``$MINATTN_CACHE`` (default ~/.cache/minattn); the
-other tasks are generated in about a second.
+The generators live in the package (``minattn.data``) behind one interface, described in its docstring:
+``task.splits``, ``len(split)``, ``split.lines``, ``split.describe()``. The names below are re-exported for
+scripts and the tests (train.py reaches the data through its recipes, minattn/lab/recipes/). Generated
+token-classification data is cached under ``$MINATTN_CACHE`` (default ~/.cache/minattn); the other tasks are
+generated in about a second.
 """
 import argparse
 import inspect
@@ -44,8 +44,8 @@ def _option(text: str):
 
 
 def _typed(key, text, default):
-    """--set KEY=TEXT as the type of the option's default. A count must be ≥ 1 (a size of -1 or a max_length of
-    0 is no task: its generator would never end), a number finite and ≥ 0."""
+    """--set KEY=TEXT as the type of the option's default. A count must be ≥ 1 (a size of -1 or a max_length
+    of 0 is no task: its generator would never end), a number finite and ≥ 0."""
     kind = type(default)
     if kind is bool:
         if text.lower() not in ("true", "false", "1", "0"):
@@ -56,7 +56,8 @@ def _typed(key, text, default):
     try:
         value = kind(text)
     except ValueError:
-        raise ValueError(f"--set {key}={text}: expected {'an integer' if kind is int else 'a number'}") from None
+        expected = "an integer" if kind is int else "a number"
+        raise ValueError(f"--set {key}={text}: expected {expected}") from None
     if kind is int and value < 1:
         raise ValueError(f"--set {key}={text}: expected an integer ≥ 1")
     if kind is float and not 0 <= value < math.inf:
@@ -85,7 +86,8 @@ def _task(args):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     for cmd, text in [("export", "write every split of a task as text, one example per line"),
                       ("stats", "print split sizes, lengths and depths")]:
@@ -93,7 +95,8 @@ def main(argv=None) -> int:
         p.add_argument("--task", required=True, help=f"one of: {', '.join(TASKS)}")
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--cache-dir", default=None)
-        p.add_argument("--split", default="", help="scan only: the split (see SCAN_SPLITS), or 'all' to export "
+        p.add_argument("--split", default="", help="scan only: the split (see SCAN_SPLITS), or 'all' to "
+                                                   "export "
                        "every command")
         p.add_argument("--set", type=_option, action="append", default=[], metavar="KEY=VALUE",
                        help="a task option, e.g. n_train=1000 (arith, listops, mlu), searches=3 (retrieval)")
@@ -112,12 +115,13 @@ def main(argv=None) -> int:
         files = task.export_files()
         there = [name for name in files if os.path.lexists(os.path.join(args.out, name))]
         if there and not args.force:   # refused before anything is written: nothing of the user's is lost
-            print(f"tasks.py: error: {args.out} already holds {', '.join(there)}; nothing was written (choose another "
-                  "--out, or add --force to replace them)", file=sys.stderr)
+            print(f"tasks.py: error: {args.out} already holds {', '.join(there)}; nothing was written "
+                  "(choose another --out, or add --force to replace them)", file=sys.stderr)
             return 2
         os.makedirs(args.out, exist_ok=True)
         for name, lines in files.items():
-            if os.path.islink(os.path.join(args.out, name)):   # --force replaces a link, never writes through it
+            # --force replaces a link, never writes through it
+            if os.path.islink(os.path.join(args.out, name)):
                 os.unlink(os.path.join(args.out, name))
             with open(os.path.join(args.out, name), "w") as f:
                 f.writelines(line + "\n" for line in lines)

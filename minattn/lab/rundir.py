@@ -8,8 +8,8 @@ A run directory holds: lock (its writer's pid), checkpoint.npz, metrics.jsonl (o
 appended) and, at the end, results.json. Every file but the log is replaced whole, atomically.
 
 Nothing in a run directory is trusted, as it may be shared: minattn writes there only regular files and never
-through a symbolic link (O_NOFOLLOW, or a rename over the link), reads a checkpoint only after bounding what it
-declares and checking every field, and skips in ``--report`` what it cannot read. Ctrl-C and SIGTERM take
+through a symbolic link (O_NOFOLLOW, or a rename over the link), reads a checkpoint only after bounding what
+it declares and checking every field, and skips in ``--report`` what it cannot read. Ctrl-C and SIGTERM take
 effect after the write in progress (SIGTERM in training: after saving its step), so a stopped run leaves whole
 files; the temporary files of a ``kill -9`` are swept by the next writer.
 """
@@ -61,7 +61,8 @@ def _on_signal(signum, frame):
 @contextlib.contextmanager
 def handling_signals():
     """While the block runs (in the main thread), SIGINT raises KeyboardInterrupt and SIGTERM ``Terminated``,
-    both deferred to the end of any write in progress, so a stopped run leaves whole files and no temp file."""
+    both deferred to the end of any write in progress, so a stopped run leaves whole files and no temp file.
+    """
     _signals.update(pending=None, at_step_end=False, terminated=False)
     try:
         old = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -76,9 +77,9 @@ def handling_signals():
 
 
 def stop_at_step_end(on):
-    """On: SIGTERM waits for the end of the training step (``terminated()`` then says so, and the loop saves that
-    step before it raises ``Terminated``): a preempted run loses no step. Off: a SIGTERM still pending stops
-    the run here."""
+    """On: SIGTERM waits for the end of the training step (``terminated()`` then says so, and the loop saves
+    that step before it raises ``Terminated``): a preempted run loses no step. Off: a SIGTERM still pending
+    stops the run here."""
     _signals["at_step_end"] = on
     if not on and _signals["terminated"]:
         _signals["terminated"] = False
@@ -92,7 +93,8 @@ def terminated():
 @contextlib.contextmanager
 def stopping_at_once():
     """In the block (an evaluation, which may take a minute: longer than a scheduler's grace period before its
-    SIGKILL), SIGTERM raises ``Terminated`` where it comes, as Ctrl-C does, rather than at the end of the step."""
+    SIGKILL), SIGTERM raises ``Terminated`` where it comes, as Ctrl-C does, rather than at the end of the
+    step."""
     was, _signals["at_step_end"] = _signals["at_step_end"], False
     try:
         yield
@@ -101,7 +103,8 @@ def stopping_at_once():
 
 
 def writable(path):
-    """Whether files can be created in the directory ``path`` (permissions, and not a read-only file system)."""
+    """Whether files can be created in the directory ``path`` (permissions, and not a read-only file system).
+    """
     return os.access(path, os.W_OK) and not os.statvfs(path).f_flag & os.ST_RDONLY
 
 
@@ -130,25 +133,26 @@ def open_in_run(path, flags, mode=0o644):
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.ENXIO):
-            raise UsageError(f"{path} is a symbolic link or a special file: minattn writes only regular files in a "
-                             "run directory (remove it)") from None
+            raise UsageError(f"{path} is a symbolic link or a special file: minattn writes only regular "
+                             "files in a run directory (remove it)") from None
         raise
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        raise UsageError(f"{path} is not a regular file: minattn writes only regular files in a run directory "
-                         "(remove it)")
+        raise UsageError(f"{path} is not a regular file: minattn writes only regular files in a run "
+                         "directory (remove it)")
     if st.st_nlink > 1:   # a copy made with cp -al or rsync --link-dest: writing here writes into the other
         os.close(fd)
-        raise UsageError(f"{path} has {st.st_nlink} hard links (a copy made with cp -al?), so a run would write "
-                         f"into every copy: remove it (it is made afresh), or copy the run directory with cp -a")
+        raise UsageError(f"{path} has {st.st_nlink} hard links (a copy made with cp -al?), so a run would "
+                         "write into every copy: remove it (it is made afresh), or copy the run directory "
+                         "with cp -a")
     fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
     return fd
 
 
 def open_regular(path, mode="r"):
-    """open(path) for reading a file of a run directory, refusing anything but a regular file (OSError): a FIFO
-    would block the reader, a device never end."""
+    """open(path) for reading a file of a run directory, refusing anything but a regular file (OSError): a
+    FIFO would block the reader, a device never end."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
@@ -220,8 +224,9 @@ def locked(out_dir):
         except BlockingIOError:
             f.seek(0)
             pid = f.read(32).strip()
-            raise UsageError(f"{out_dir} is in use by another run (pid {pid if _pid_alive(pid) else 'unknown'}); "
-                             "wait for it to end or choose another --out") from None
+            holder = pid if _pid_alive(pid) else "unknown"
+            raise UsageError(f"{out_dir} is in use by another run (pid {holder}); wait for it to end or "
+                             "choose another --out") from None
         f.seek(0)
         f.truncate()
         f.write(f"{os.getpid()}\n")
@@ -289,7 +294,8 @@ def save_checkpoint(path, metadata, params, opt_state, selected=None, running=No
     uninterrupted run logs."""
     arrays = {f"model/{k}": v for k, v in params.items()}
     arrays.update({f"selected/{k}": v for k, v in (selected or {}).items()})
-    arrays.update({f"optimizer/{name}/{k}": v for name, s in zip(params, opt_state["state"]) for k, v in s.items()})
+    arrays.update({f"optimizer/{name}/{k}": v for name, s in zip(params, opt_state["state"])
+                   for k, v in s.items()})
     stateless = [name for name, s in zip(params, opt_state["state"]) if not s]
     meta = dict(metadata, version=CHECKPOINT_VERSION, parameters=list(params),
                 optimizer={"t": opt_state["t"], "lr": opt_state["lr"], "without_state": stateless})
@@ -309,7 +315,8 @@ def running_sums(ckpt, device):
     if not r:
         return 0.0, 0.0, {}, 0, 0
     sums = {k: backend.to_device(v, device) for k, v in ckpt["running_sums"].items()}
-    return sums["loss_sum"], sums["norm_sum"], {k: sums[f"stats/{k}"] for k in r["stats"]}, r["seen"], r["n_batches"]
+    stats = {k: sums[f"stats/{k}"] for k in r["stats"]}
+    return sums["loss_sum"], sums["norm_sum"], stats, r["seen"], r["n_batches"]
 
 
 class Corrupted(UsageError):
@@ -335,8 +342,8 @@ def _read_npz(path, only=None):
                 infos = z.infolist()
                 declared = sum(i.file_size for i in infos)
                 if declared > 2 * st.st_size + (1 << 20):
-                    raise Corrupted(f"checkpoint {path} is corrupted (its members declare {declared} bytes in a file "
-                                    f"of {st.st_size})")
+                    raise Corrupted(f"checkpoint {path} is corrupted (its members declare {declared} bytes "
+                                    f"in a file of {st.st_size})")
                 arrays = {}
                 for info in infos:
                     if only is not None and info.filename != only:
@@ -346,7 +353,8 @@ def _read_npz(path, only=None):
                         read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
                                        else np.lib.format.read_array_header_2_0)
                         shape, _, dtype = read_header(m)
-                        if dtype.hasobject or int(np.prod(shape, dtype=object)) * dtype.itemsize > info.file_size:
+                        size = int(np.prod(shape, dtype=object)) * dtype.itemsize
+                        if dtype.hasobject or size > info.file_size:
                             raise Corrupted(f"checkpoint {path} is corrupted (member {info.filename} is "
                                             + ("pickled)" if dtype.hasobject else "larger than it says)"))
                     with z.open(info) as m:
@@ -357,7 +365,8 @@ def _read_npz(path, only=None):
         except MemoryError:
             raise Corrupted(f"checkpoint {path} is corrupted (an array too large for memory)") from None
         except Exception as e:   # not a zip, a truncated file, a bad header: all the same to the user
-            raise Corrupted(f"checkpoint {path} is corrupted or unreadable ({e.__class__.__name__})") from None
+            raise Corrupted(f"checkpoint {path} is corrupted or unreadable ({e.__class__.__name__})") \
+                from None
     return arrays
 
 
@@ -371,13 +380,12 @@ def _int(v):
 
 # what each metadata field must be (docs/checkpoints.md): a check, and its description for the message
 _METADATA_TYPES = {
-    "identity": (lambda v: isinstance(v, dict) and all(isinstance(v.get(k) or {}, dict) for k in ("model_config",
-                                                                                                  "options")),
-                 "an object"),
+    "identity": (lambda v: isinstance(v, dict)
+                 and all(isinstance(v.get(k) or {}, dict) for k in ("model_config", "options")), "an object"),
     "config": (lambda v: isinstance(v, dict) and isinstance(v.get("model_config"), dict)
                and isinstance(v.get("options") or {}, dict)
-               and all(isinstance(v.get(k), str) for k in ("task", "model", "preset")), "an object with task, model, "
-               "preset, model_config and options"),
+               and all(isinstance(v.get(k), str) for k in ("task", "model", "preset")),
+               "an object with task, model, preset, model_config and options"),
     "step": (lambda v: _int(v) and v >= 0, "a non-negative integer"),
     "train_time": (lambda v: _number(v) and 0 <= v < float("inf"), "a non-negative number"),
     "history": (lambda v: isinstance(v, list) and all(isinstance(h, dict) and _int(h.get("step")) for h in v),
@@ -387,8 +395,8 @@ _METADATA_TYPES = {
              "an object with metric, metrics and step"),
     "optimizer": (lambda v: isinstance(v, dict) and _int(v.get("t")) and v["t"] >= 0 and _number(v.get("lr"))
                   and isinstance(v.get("without_state", []), list), "an object with t and lr"),
-    "parameters": (lambda v: isinstance(v, list) and all(isinstance(n, str) for n in v) and len(set(v)) == len(v),
-                   "a list of distinct names"),
+    "parameters": (lambda v: isinstance(v, list) and all(isinstance(n, str) for n in v)
+                   and len(set(v)) == len(v), "a list of distinct names"),
 }
 
 
@@ -414,24 +422,28 @@ def load_checkpoint(path):
     last = ckpt.get("last", {})   # the last evaluation's metrics (absent in checkpoints written before them)
     if not (isinstance(last, dict) and all(v is None or _number(v) for v in last.values())):
         raise Corrupted(f"checkpoint {path} is corrupted (last: expected an object of metrics)")
-    if not isinstance(ckpt.get("plain", False), bool):   # the path it was trained on (MINATTN_PLAIN), if saved
+    # the path it was trained on (MINATTN_PLAIN), if saved
+    if not isinstance(ckpt.get("plain", False), bool):
         raise Corrupted(f"checkpoint {path} is corrupted (plain: expected true or false)")
     names = ckpt.pop("parameters")
     running = {k.split("/", 1)[1]: arrays.pop(k) for k in [k for k in arrays if k.startswith("running/")]}
     r = ckpt.get("running")   # the sums of an evaluation interval in progress (a checkpoint on SIGTERM)
     whole = isinstance(r, dict) and _int(r.get("seen")) and _int(r.get("n_batches")) and r["n_batches"] > 0 \
-        and isinstance(r.get("stats"), list) and set(running) == {"loss_sum", "norm_sum", *(f"stats/{k}" for k in
-                                                                                           r["stats"])} \
+        and isinstance(r.get("stats"), list) \
+        and set(running) == {"loss_sum", "norm_sum", *(f"stats/{k}" for k in r["stats"])} \
         and all(v.ndim == 0 and v.dtype.kind in "fiu" and np.isfinite(v) for v in running.values())
     if (r is not None or running) and not whole:
-        raise Corrupted(f"checkpoint {path} is corrupted (running: expected the sums of the interval in progress)")
+        raise Corrupted(f"checkpoint {path} is corrupted (running: expected the sums of the interval in "
+                        "progress)")
     for k, v in arrays.items():
         kind, _, name = k.partition("/")
         owner = name.rpartition("/")[0] if kind == "optimizer" else name
         if kind not in ("model", "selected", "optimizer") or owner not in names:
             raise Corrupted(f"checkpoint {path} is corrupted ({k}: an array of no parameter)")
-        if v.dtype != np.float32 or v.ndim == 0:   # train.py's parameters and Adam's moments are float32 arrays
-            raise Corrupted(f"checkpoint {path} is corrupted ({k}: {v.dtype} {v.shape}, expected float32 arrays)")
+        # train.py's parameters and Adam's moments are float32 arrays
+        if v.dtype != np.float32 or v.ndim == 0:
+            raise Corrupted(f"checkpoint {path} is corrupted ({k}: {v.dtype} {v.shape}, expected float32 "
+                            "arrays)")
         if not np.isfinite(v).all():
             raise Corrupted(f"checkpoint {path} is corrupted ({k} is not finite)")
     part = {kind: {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith(kind + "/")}
@@ -443,17 +455,17 @@ def load_checkpoint(path):
 
 
 def check_resumable(ckpt, path):
-    """A resume continues bit for bit only with the optimizer's whole state: refuse a checkpoint whose state was
-    stripped (a common way to share weights, which --evaluate and --plot still read)."""
+    """A resume continues bit for bit only with the optimizer's whole state: refuse a checkpoint whose state
+    was stripped (a common way to share weights, which --evaluate and --plot still read)."""
     opt, names = ckpt["optimizer"], ckpt["parameters"]
     if "without_state" in opt:   # written since the list was recorded: every other parameter has its state
         lacking = [n for n, s in zip(names, opt["state"]) if not s and n not in opt["without_state"]]
     else:                        # older: only a state stripped of every parameter can be told apart
         lacking = names if opt["t"] and not any(opt["state"]) else []
     if lacking:
-        raise UsageError(f"checkpoint {path} lacks the optimizer state of {len(lacking)} of {len(names)} parameters "
-                         f"(e.g. {lacking[0]}), so --resume could not continue exactly; --evaluate and --plot "
-                         "still read it")
+        raise UsageError(f"checkpoint {path} lacks the optimizer state of {len(lacking)} of {len(names)} "
+                         f"parameters (e.g. {lacking[0]}), so --resume could not continue exactly; "
+                         "--evaluate and --plot still read it")
 
 
 def identity(cfg):
@@ -475,8 +487,9 @@ def settings(config):
 
 
 def read_log(path):
-    """The entries of a metrics log, skipping with a warning the lines that are not JSON objects with a step (a
-    line torn by a kill, an edit, bytes that are not UTF-8): the checkpoint, not the log, holds the history."""
+    """The entries of a metrics log, skipping with a warning the lines that are not JSON objects with a step
+    (a line torn by a kill, an edit, bytes that are not UTF-8): the checkpoint, not the log, holds the
+    history."""
     entries, skipped = [], 0
     with open_regular(path, "rb") as f:
         for line in filter(bytes.strip, f):

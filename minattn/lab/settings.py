@@ -30,7 +30,8 @@ def user_values():
         raise UsageError(str(e)) from None
 
 
-TASK_FLAGS = ("split", "train_size", "searches", "retrievals", "ood")   # task options with a flag of their own
+# task options with a flag of their own
+TASK_FLAGS = ("split", "train_size", "searches", "retrievals", "ood")
 
 
 def make_config(task, model, preset="cpu", **overrides):
@@ -44,9 +45,11 @@ def make_config(task, model, preset="cpu", **overrides):
     flags = [k for k in unknown if k in TASK_FLAGS]   # a task option given as its flag to a task without it
     if flags:
         having = [t for r in RECIPES for t in r.tasks if flags[0] in field_types(r, next(iter(r.models)))]
-        raise UsageError(f"task {task} has no --{flags[0].replace('_', '-')} (the tasks with one: {', '.join(having)})")
+        raise UsageError(f"task {task} has no --{flags[0].replace('_', '-')} (the tasks with one: "
+                         f"{', '.join(having)})")
     if unknown:
-        raise UsageError(f"unknown setting {unknown[0]!r}; valid: "   # task, model, preset: flags, not settings
+        # task, model, preset: flags, not settings
+        raise UsageError(f"unknown setting {unknown[0]!r}; valid: "
                          f"{', '.join(sorted(k for k in fields if k not in ('task', 'model', 'preset')))}")
     option_names = {f.name for f in dataclasses.fields(recipe.Options)} if recipe.Options else set()
     with user_values():
@@ -83,7 +86,7 @@ def make_config(task, model, preset="cpu", **overrides):
     return cfg
 
 
-# settings that count applications of a layer or layers: bounded (a checkpoint's too) so that none runs forever
+# settings that count applications of a layer or layers: bounded (a checkpoint's too), so none runs forever
 LOOPS = ("n_steps", "n_steps_eval", "n_layers", "n_encoder_layers", "n_decoder_layers", "n_abstractor_layers")
 MAX_LOOPS = 10_000
 
@@ -91,8 +94,8 @@ MAX_LOOPS = 10_000
 # --- settings by name ------------------------------------------------------------------------------------
 
 def setting_types(task, model=None):
-    """{setting: int, float, bool or str}: what --set may change in a run of ``task`` with ``model`` (when known):
-    the fields of the run's config, of the task options and of the model's own."""
+    """{setting: int, float, bool or str}: what --set may change in a run of ``task`` with ``model`` (when
+    known): the fields of the run's config, of the task options and of the model's own."""
     recipe = recipe_for(task)
     types = field_types(recipe, model if model in recipe.models else next(iter(recipe.models)))
     for name in ("task", "model", "preset"):   # not --set's to change
@@ -102,7 +105,7 @@ def setting_types(task, model=None):
             for k, t in types.items()}
 
 
-# settings a model reads only under another setting's value: the Abstractor's library of symbols (symbolic attention)
+# settings a model reads only under another setting's value: the Abstractor's symbols (symbolic attention)
 CONDITIONAL = {"n_library": ("symbols", "symbolic")}
 
 
@@ -158,9 +161,9 @@ def _refuse_ignored(key, item, task, model):
 
 
 def saved_settings(ckpt, path):
-    """The checkpoint's configuration as flat {setting: value} (``settings``: any layout, older ones included),
-    each value checked against its setting's type and the whole against the checkpoint's identity: a mistyped or
-    edited configuration is refused here rather than failing later."""
+    """The checkpoint's configuration as flat {setting: value} (``settings``: any layout, older ones
+    included), each value checked against its setting's type and the whole against the checkpoint's identity:
+    a mistyped or edited configuration is refused here rather than failing later."""
     config = ckpt["config"]
     types = setting_types(config["task"], config["model"])
     flat = settings(config)
@@ -171,14 +174,18 @@ def saved_settings(ckpt, path):
             raise Corrupted(f"checkpoint {path} is corrupted (config.{key}: no such setting)")
         if kind is not None and value is not None and not ok[kind](value):
             what = {int: "an integer", float: "a number", bool: "true or false", str: "text"}[kind]
-            raise Corrupted(f"checkpoint {path} is corrupted (config.{key}: expected {what}, got {value!r:.40})")
+            raise Corrupted(f"checkpoint {path} is corrupted (config.{key}: expected {what}, got "
+                            f"{value!r:.40})")
     loops = [k for k in LOOPS if _int(flat.get(k)) and flat[k] > MAX_LOOPS]
     if loops:
         raise Corrupted(f"checkpoint {path} is corrupted (config.{loops[0]}: {flat[loops[0]]}, above "
                         f"{MAX_LOOPS:,})")
-    if flat.get("device") not in (None, "cpu", "gpu"):   # not in the identity, so checked here (a resume runs there)
-        raise Corrupted(f"checkpoint {path} is corrupted (config.device: {flat['device']!r:.40}, not cpu or gpu)")
-    for key in ("steps", "batch_size", "lr", "eval_every", "eval_batch_size"):   # as make_config has them: > 0
+    # not in the identity, so checked here (a resume runs there)
+    if flat.get("device") not in (None, "cpu", "gpu"):
+        raise Corrupted(f"checkpoint {path} is corrupted (config.device: {flat['device']!r:.40}, not cpu or "
+                        "gpu)")
+    # as make_config has them: > 0
+    for key in ("steps", "batch_size", "lr", "eval_every", "eval_batch_size"):
         if flat.get(key) is not None and not flat[key] > 0:
             raise Corrupted(f"checkpoint {path} is corrupted (config.{key}: {flat[key]}, not positive)")
     rest = {k: v for k, v in flat.items() if k not in ("steps", "device", "eval_every", "eval_batch_size")}
@@ -195,17 +202,18 @@ def resume_settings(out_dir, task=None, model=None, preset=None):
     saved = saved_settings(load_checkpoint(path), path)
     for flag, given in (("task", task), ("model", model), ("preset", preset)):
         if given is not None and given != saved[flag]:
-            raise UsageError(f"{out_dir} holds a {saved['task']} / {saved['model']} run ({saved['preset']} preset), "
-                             f"not --{flag} {given}: a resume continues the run as it is (drop --{flag}, or choose "
-                             "another --out)")
+            raise UsageError(f"{out_dir} holds a {saved['task']} / {saved['model']} run ({saved['preset']} "
+                             "preset), "
+                             f"not --{flag} {given}: a resume continues the run as it is (drop --{flag}, or "
+                             "choose another --out)")
     saved.pop("device", None)
     return saved
 
 
 def resume_device(out_dir, given=None):
     """The device a --resume of out_dir runs on: ``given`` (--device), else the run's own, so that a GPU run
-    continues on the GPU (on the CPU it would be ~10× slower and not bit for bit); where there is no GPU, the error
-    says how to move it. A directory without a checkpoint is left to the resume's own check."""
+    continues on the GPU (on the CPU it would be ~10× slower and not bit for bit); where there is no GPU, the
+    error says how to move it. A directory without a checkpoint is left to the resume's own check."""
     path = os.path.join(out_dir, CHECKPOINT)
     if given is not None or not os.path.exists(path):
         return "cpu" if given is None else given
@@ -214,8 +222,8 @@ def resume_device(out_dir, given=None):
         try:
             backend.get_xp("gpu")
         except backend.DeviceError as e:
-            raise UsageError(f"{e}; the run in {out_dir} was trained on the GPU: --device cpu continues it on the "
-                             "CPU") from None
+            raise UsageError(f"{e}; the run in {out_dir} was trained on the GPU: --device cpu continues it "
+                             "on the CPU") from None
     return device
 
 
@@ -224,7 +232,8 @@ def refuse_unread(cfg, overrides):
     nothing: refused (as _refuse_ignored refuses one the model never reads)."""
     for key, (other, value) in CONDITIONAL.items():
         if key in overrides and getattr(cfg.model_config, other, value) != value:
-            raise UsageError(f"--set {key}={overrides[key]}: {key} is read only with {other}={value} (this run has "
+            raise UsageError(f"--set {key}={overrides[key]}: {key} is read only with {other}={value} (this "
+                             "run has "
                              f"{other}={getattr(cfg.model_config, other)}), so it would change nothing")
 
 
@@ -242,13 +251,14 @@ def resume_check(cfg, out_dir):
     was, now = settings(ckpt["identity"]), settings(identity(cfg))
     diff = sorted(k for k in was.keys() | now.keys() if was.get(k) != now.get(k))
     if diff:
-        raise UsageError(f"checkpoint in {out_dir} was written by a different run (differs in: {', '.join(diff)}); "
-                         "nothing was overwritten")
+        raise UsageError(f"checkpoint in {out_dir} was written by a different run (differs in: "
+                         f"{', '.join(diff)}); nothing was overwritten")
     if ckpt.get("plain", is_plain()) != is_plain():   # absent before the path was recorded: not checked
         was = int(ckpt["plain"])
         raise UsageError(f"{out_dir} was trained with MINATTN_PLAIN={was} and this resume runs with "
-                         f"MINATTN_PLAIN={1 - was}: the two paths agree to ~1e-4, not bit for bit; continue with "
-                         f"MINATTN_PLAIN={was}")
+                         f"MINATTN_PLAIN={1 - was}: the two paths agree to ~1e-4, not bit for bit; continue "
+                         f"with MINATTN_PLAIN={was}")
     if cfg.steps < ckpt["step"]:
-        raise UsageError(f"--steps {cfg.steps} is below step {ckpt['step']}, which {out_dir} has already reached")
+        raise UsageError(f"--steps {cfg.steps} is below step {ckpt['step']}, which {out_dir} has already "
+                         "reached")
     return ckpt

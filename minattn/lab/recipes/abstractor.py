@@ -32,12 +32,12 @@ class RelationalOptions(EpochSchedule):
 # 500 training sequences sampled from the 70,000 pool with the run's seed. The stopping rule is the one behind
 # the paper's Fig. 4 (see Sort): early stopping on the epoch's training loss with patience 10 epochs, the
 # lowest-loss epoch reported, at most 400 epochs (the authors' README command; their script's default was
-# 200). With 10 seeds, the Abstractor's points in the paper lie inside mean ± 2 s.e. of this rule at 300 and 500
-# sequences and between the 200- and 400-epoch caps at 200 and 400 (the baselines' at 1,500 and 2,000, 5 seeds:
-# the Transformer's inside the 200-epoch cap's, the Ablation's between the caps); the released code's rule
-# (``stop_on=valid_tf``, patience 50) puts the Abstractor at 0.69 (10 seeds) where the paper has .206 (RESULTS.md, "Sorting with the
-# figure's protocol"). The models' fields are AbstractorConfig's (transformer-seq2seq reads only its
-# EncoderDecoderConfig fields).
+# 200). With 10 seeds, the Abstractor's points in the paper lie inside mean ± 2 s.e. of this rule at 300 and
+# 500 sequences and between the 200- and 400-epoch caps at 200 and 400 (the baselines' at 1,500 and 2,000, 5
+# seeds: the Transformer's inside the 200-epoch cap's, the Ablation's between the caps); the released code's
+# rule (``stop_on=valid_tf``, patience 50) puts the Abstractor at 0.69 (10 seeds) where the paper has .206
+# (RESULTS.md, "Sorting with the figure's protocol"). The models' fields are AbstractorConfig's
+# (transformer-seq2seq reads only its EncoderDecoderConfig fields).
 SORT_RUN = dict(batch_size=512, eval_batch_size=2000, lr=1e-3, weight_decay=0.0, grad_clip=0.0, steps=None,
                 eval_every=None, train_size=500, epochs=400, eval_epochs=1, patience=10, stop_on="train_loss")
 SORT_PAPER = {
@@ -49,12 +49,12 @@ SORT_PAPER = {
 # --set stop_on=valid_tf --set patience=50, is cheaper with --set eval_epochs=10)
 SORT_CPU = {}
 
-# --- pairwise order and SET (§6.2–6.3): Adam lr 1e-3, batch 64, no clipping, every epoch trained (patience 0).
-# Pairwise: 100 epochs over all 2,015 training pairs (sigmoid, asymmetric, no W_q/W_k bias, head Dense(32,
-# ReLU) → 1 logit); SET: 200 epochs over 2,000 training triples (linear, symmetric with bias, d_ff 128, head
-# → 2 logits). Both presets are the paper's: a run takes minutes.
-RELATIONAL_RUN = dict(batch_size=64, eval_batch_size=2048, lr=1e-3, weight_decay=0.0, grad_clip=0.0, steps=None,
-                      eval_every=None, eval_epochs=1, patience=0)
+# --- pairwise order and SET (§6.2–6.3): Adam lr 1e-3, batch 64, no clipping, every epoch trained (patience
+# 0). Pairwise: 100 epochs over all 2,015 training pairs (sigmoid, asymmetric, no W_q/W_k bias, head Dense(32,
+# ReLU) → 1 logit); SET: 200 epochs over 2,000 training triples (linear, symmetric with bias, d_ff 128, head →
+# 2 logits). Both presets are the paper's: a run takes minutes.
+RELATIONAL_RUN = dict(batch_size=64, eval_batch_size=2048, lr=1e-3, weight_decay=0.0, grad_clip=0.0,
+                      steps=None, eval_every=None, eval_epochs=1, patience=0)
 RELATIONAL_PAPER = {
     ("pairwise", "abstractor-simplified"): dict(RELATIONAL_RUN, train_size=2015, epochs=100),
     ("set", "abstractor-simplified"): dict(RELATIONAL_RUN, train_size=2000, epochs=200, activation="linear",
@@ -103,10 +103,11 @@ class Sort(ObjectRecipe):
       (jdlafferty/relational, April–May 2023: Keras ``EarlyStopping(monitor='loss', patience=10,
       restore_best_weights=True)``): select and stop on the epoch's mean training loss. Nothing else is
       evaluated during training, so evaluating every epoch costs nothing; metrics.jsonl has the training loss
-      and teacher-forcing accuracy. (At the epoch cap Keras keeps the last epoch's weights where this keeps the
-      lowest-loss epoch's; at the cap the two were at most 4 epochs apart in our runs.)
-    - ``valid_tf``: the released code's rule (Awni00/abstractor): the validation teacher-forcing accuracy, with
-      ``valid_tf`` and ``train`` (greedy full-sequence accuracy on the training set) at every evaluation."""
+      and teacher-forcing accuracy. (At the epoch cap Keras keeps the last epoch's weights where this keeps
+      the lowest-loss epoch's; at the cap the two were at most 4 epochs apart in our runs.)
+    - ``valid_tf``: the released code's rule (Awni00/abstractor): the validation teacher-forcing accuracy,
+      with ``valid_tf`` and ``train`` (greedy full-sequence accuracy on the training set) at every
+      evaluation."""
     tasks = ("sort",)
     models = abstractor.SEQ2SEQ_MODELS
     PAPER, CPU = SORT_PAPER, SORT_CPU
@@ -118,15 +119,17 @@ class Sort(ObjectRecipe):
     @property
     def selection(self):
         if self.cfg.options.stop_on not in self.SELECTION:
-            raise ValueError(f"--set stop_on={self.cfg.options.stop_on}: choose one of {', '.join(self.SELECTION)}")
+            raise ValueError(f"--set stop_on={self.cfg.options.stop_on}: choose one of "
+                             f"{', '.join(self.SELECTION)}")
         return self.SELECTION[self.cfg.options.stop_on]
 
     def make_task(self):
         return SortTask()
 
     def build_model(self):
-        return abstractor.build_seq2seq(self.cfg.model, SortTask.START + 1, SortTask.LENGTH, self.cfg.model_config,
-                                        d_src=self.task.objects.shape[1], seed=self.cfg.seed)
+        return abstractor.build_seq2seq(self.cfg.model, SortTask.START + 1, SortTask.LENGTH,
+                                        self.cfg.model_config, d_src=self.task.objects.shape[1],
+                                        seed=self.cfg.seed)
 
     def _arrays(self, split):
         return (self._objects(split), *self.to_device((SortTask.decoder_inputs(split.labels), split.labels)))
@@ -141,7 +144,8 @@ class Sort(ObjectRecipe):
         seqs = tokens = 0
         for chunk in split.chunks(self.cfg.eval_batch_size):
             x, tgt_in, y = self._arrays(chunk)
-            pred = model.greedy(x, y.shape[1], SortTask.START)[0] if greedy else model(x, tgt_in).data.argmax(-1)
+            pred = (model.greedy(x, y.shape[1], SortTask.START)[0] if greedy else
+                    model(x, tgt_in).data.argmax(-1))
             seqs, tokens = seqs + (pred == y).all(axis=1).sum(), tokens + (pred == y).sum()
         return seqs, tokens
 

@@ -1,9 +1,9 @@
 """The recipe interface: what train.py's loop asks of every kind of experiment.
 
-A recipe is one paper's way to train: its presets, how it builds its model, draws batches, computes the
-loss, evaluates and selects, and draws pictures. train.py runs the same loop for all of them;
-``minattn/lab/recipes/__init__.py`` lists them in one table (``RECIPES``). A recipe is a subclass of ``Recipe``
-with these tables and hooks:
+A recipe is one paper's way to train: its presets, how it builds its model, draws batches, computes the loss,
+evaluates and selects, and draws pictures. train.py runs the same loop for all of them;
+``minattn/lab/recipes/__init__.py`` lists them in one table (``RECIPES``). A recipe is a subclass of
+``Recipe`` with these tables and hooks:
 
     tasks, models                  the --task and --model names it trains (models: a registry of named rows)
     PAPER, CPU                     its presets: the paper's row per (task, model), and the "cpu" preset's
@@ -16,7 +16,8 @@ with these tables and hooks:
     build_model()                  the network (a minattn.nn.Module)
     batches(rng)                   an endless generator of host-side training batches, a pure function of rng
     loss(model, batch)             (loss Tensor, {name: device scalar summed over the batch}, batch size)
-    evaluate(model)                {metric: number} under no_grad()/eval_mode(): the metrics results.json reports
+    evaluate(model)                {metric: number} under no_grad()/eval_mode(): the metrics results.json
+                                   reports
     evaluate_selected(model)       the metrics of ``selection.once``: computed once, at the end, with the
                                    selected parameters
     log_extra(model)               extra numbers for the metrics log that are not metrics (e.g. a mean gate)
@@ -128,7 +129,8 @@ class WarmupAdamW(optim.AdamW):
 
 
 def optimizer(cfg, params):
-    """AdamW at the run's rate and weight decay: constant, or with the options' warm-up (``WarmupSchedule``)."""
+    """AdamW at the run's rate and weight decay: constant, or with the options' warm-up (``WarmupSchedule``).
+    """
     if isinstance(cfg.options, WarmupSchedule):
         return WarmupAdamW(params, cfg.lr, cfg.options.warmup, cfg.weight_decay)
     return optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -212,7 +214,8 @@ class Recipe:
     def check_names(cls, task, model, preset):
         """A model or preset this recipe does not have is a UsageError naming the valid ones."""
         if model not in cls.models:
-            raise UsageError(f"unknown model {model!r} for task {task}; valid models: {', '.join(cls.models)}")
+            raise UsageError(f"unknown model {model!r} for task {task}; valid models: "
+                             f"{', '.join(cls.models)}")
         if preset not in ("cpu", "paper"):
             raise UsageError(f"unknown preset {preset!r}; valid presets: cpu, paper")
 
@@ -226,7 +229,8 @@ class Recipe:
         parts = {"run": {}, "model": {}, "options": {}}
         model_fields, option_fields = set(fields(cls.model_config_class(model))), set(fields(cls.Options))
         for key, value in row.items():
-            parts["model" if key in model_fields else "options" if key in option_fields else "run"][key] = value
+            part = "model" if key in model_fields else "options" if key in option_fields else "run"
+            parts[part][key] = value
         return RunConfig(task=task, model=model, preset=preset, **parts["run"],
                          model_config=cls.model_config_class(model)(**parts["model"]),
                          options=cls.Options(**parts["options"]) if cls.Options else None)
@@ -295,7 +299,8 @@ def parse_tokens(text, vocab, split=str.split):
     return np.array([index[t] for t in tokens])
 
 
-PLOT_EXAMPLES = 3   # test examples --plot shows, drawn with a fixed seed: the same ones for every run of a task
+# test examples --plot shows, drawn with a fixed seed: the same ones for every run of a task
+PLOT_EXAMPLES = 3
 
 
 def plot_sample(n):

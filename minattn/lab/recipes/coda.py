@@ -12,13 +12,15 @@ from minattn.engine import eval_mode, no_grad
 from minattn.models import seq2seq
 
 from .. import viz
-from .base import Recipe, Selection, WarmupSchedule, example_name, fraction, parse_tokens, plot_sample, sample_name
+from .base import (Recipe, Selection, WarmupSchedule, example_name, fraction, parse_tokens, plot_sample,
+                   sample_name)
 
 
 @dataclasses.dataclass
 class MLUOptions(WarmupSchedule):
     """The MLU run's options: its data, its warm-up (WarmupSchedule) and the training pairs it evaluates."""
-    train_size: int = 200_000      # distinct training pairs (--train-size); valid 2,000 and test 5,000 stay fixed
+    # distinct training pairs (--train-size); valid 2,000 and test 5,000 stay fixed
+    train_size: int = 200_000
     eval_train: int = 2000         # training pairs whose greedy accuracy is reported as "train"
 
 
@@ -63,8 +65,9 @@ class CoDA(Recipe):
 
     def build_model(self):
         n_out = len(self.task.out_vocab)   # output class c is output token c (greedy feeds it back)
-        return seq2seq.MODELS[self.cfg.model]["build"](n_out, n_out, self.cfg.model_config,
-                                                       n_src_tokens=len(self.task.in_vocab), seed=self.cfg.seed)
+        build = seq2seq.MODELS[self.cfg.model]["build"]
+        return build(n_out, n_out, self.cfg.model_config, n_src_tokens=len(self.task.in_vocab),
+                     seed=self.cfg.seed)
 
     def batches(self, rng):
         return self.task.splits["train"].batches(self.cfg.batch_size, rng, self.cfg.batching)
@@ -108,7 +111,8 @@ class CoDA(Recipe):
 
     def analyze(self, model):
         """CoDA's gate per attention on 256 validation pairs (teacher forcing): its mean, and the shares of
-        entries that erase (< 0.1) or keep (> 0.9), the near-binary gate the paper argues for (docs/coda.md §3)."""
+        entries that erase (< 0.1) or keep (> 0.9), the near-binary gate the paper argues for (docs/coda.md
+        §3)."""
         if seq2seq.MODELS[self.cfg.model]["gate"] != "coda":
             raise ValueError("the analysis shows CoDA's gate: train transformer-seq2seq-coda")
         with no_grad(), eval_mode():

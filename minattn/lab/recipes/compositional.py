@@ -52,7 +52,8 @@ class Compositional(Recipe):
         self.train_pool = "train" if options.ood else "all"
 
     def build_model(self):
-        return compositional.CRTModel(self.cfg.model, self.task.in_dim, self.cfg.model_config, seed=self.cfg.seed)
+        return compositional.CRTModel(self.cfg.model, self.task.in_dim, self.cfg.model_config,
+                                      seed=self.cfg.seed)
 
     def batches(self, rng):
         return self.task.batches(self.cfg.batch_size, rng, self.train_pool)

@@ -85,12 +85,12 @@ PAPER = {
     # ListOps
     ("listops", "transformer"): dict(
         d_model=256, d_ff=1024, n_head=16, n_steps=6, embedding_init="normal", readout="sos",
-        dropout=0.015, attention_dropout=0.05, gate_dropout=0.0, steps=200_000, batch_size=512, eval_every=1000,
-        lr=4e-4, weight_decay=0.05, grad_clip=1.0, batching="bucketed"),
+        dropout=0.015, attention_dropout=0.05, gate_dropout=0.0, steps=200_000, batch_size=512,
+        eval_every=1000, lr=4e-4, weight_decay=0.05, grad_clip=1.0, batching="bucketed"),
     ("listops", "transformer-rel"): dict(
         d_model=256, d_ff=1024, n_head=16, n_steps=6, embedding_init="xavier", readout="sos",
-        dropout=0.015, attention_dropout=0.05, gate_dropout=0.0, steps=200_000, batch_size=512, eval_every=1000,
-        lr=4e-4, weight_decay=0.05, grad_clip=1.0, batching="bucketed"),
+        dropout=0.015, attention_dropout=0.05, gate_dropout=0.0, steps=200_000, batch_size=512,
+        eval_every=1000, lr=4e-4, weight_decay=0.05, grad_clip=1.0, batching="bucketed"),
     ("listops", "transformer-rel-gate"): dict(
         d_model=512, d_ff=2048, n_head=16, n_steps=20, embedding_init="normal", readout="sos",
         dropout=0.1, attention_dropout=0.1, gate_dropout=0.05, steps=100_000, batch_size=512, eval_every=1000,
@@ -101,19 +101,19 @@ PAPER = {
         lr=2e-4, weight_decay=0.09, grad_clip=1.0, batching="bucketed"),
     ("listops", "transformer-geom"): dict(
         d_model=256, d_ff=1024, n_head=16, n_steps=6, embedding_init="kaiming", readout="sos",
-        dropout=0.015, attention_dropout=0.05, gate_dropout=0.0, steps=200_000, batch_size=512, eval_every=1000,
-        lr=4e-4, weight_decay=0.05, grad_clip=1.0, batching="bucketed"),
+        dropout=0.015, attention_dropout=0.05, gate_dropout=0.0, steps=200_000, batch_size=512,
+        eval_every=1000, lr=4e-4, weight_decay=0.05, grad_clip=1.0, batching="bucketed"),
     ("listops", "ndr"): dict(
-        d_model=512, d_ff=1024, n_head=16, n_steps=20, n_steps_eval=24, embedding_init="normal", readout="sos",
-        dropout=0.1, attention_dropout=0.1, gate_dropout=0.05, steps=100_000, batch_size=512, eval_every=1000,
-        lr=2e-4, weight_decay=0.09, grad_clip=1.0, batching="bucketed"),
+        d_model=512, d_ff=1024, n_head=16, n_steps=20, n_steps_eval=24, embedding_init="normal",
+        readout="sos", dropout=0.1, attention_dropout=0.1, gate_dropout=0.05, steps=100_000, batch_size=512,
+        eval_every=1000, lr=2e-4, weight_decay=0.09, grad_clip=1.0, batching="bucketed"),
     ("listops", "transformer-compositional"): dict(
         d_model=256, d_ff=1024, n_head=16, n_steps=6, embedding_init="normal", readout="sos",
-        dropout=0.015, attention_dropout=0.05, gate_dropout=0.0, steps=200_000, batch_size=512, eval_every=1000,
-        lr=4e-4, weight_decay=0.05, grad_clip=1.0, batching="bucketed"),
+        dropout=0.015, attention_dropout=0.05, gate_dropout=0.0, steps=200_000, batch_size=512,
+        eval_every=1000, lr=4e-4, weight_decay=0.05, grad_clip=1.0, batching="bucketed"),
 }
 
-# --- "cpu": sized for a 2-core machine (~30 min per run); overrides of the paper's row, applied in order -----
+# --- "cpu": sized for a 2-core machine (~30 min per run); overrides of the paper's row, applied in order ---
 # Timings behind the step counts: RESULTS.md, "The step times behind the cpu presets".
 CPU = {
     # batch 128 at lr 3e-4, an evaluation every 500 steps
@@ -146,8 +146,9 @@ CPU = {
 
 
 class NDR(Recipe):
-    """Sequence classification with the NDR paper's encoders (ctl, ctl-backward, arith, listops): cross-entropy
-    on the class read at one column; accuracy on iid (reported at the end), valid (selection) and test."""
+    """Sequence classification with the NDR paper's encoders (ctl, ctl-backward, arith, listops):
+    cross-entropy on the class read at one column; accuracy on iid (reported at the end), valid (selection)
+    and test."""
     tasks = ("ctl", "ctl-backward", "arith", "listops")
     models = ARCHITECTURES
     PAPER, CPU = PAPER, CPU
@@ -195,8 +196,8 @@ class NDR(Recipe):
         return fraction(correct, len(split))
 
     def log_extra(self, model):
-        """The mean gate on a few IID samples, so a log shows gates that stay shut: the copy gate (g of §2), or
-        for CoDA the CoDA gate (docs/coda.md §3: it can start almost closed)."""
+        """The mean gate on a few IID samples, so a log shows gates that stay shut: the copy gate (g of §2),
+        or for CoDA the CoDA gate (docs/coda.md §3: it can start almost closed)."""
         gate = ARCHITECTURES[self.cfg.model].gate
         if gate is None:
             return {}
@@ -213,13 +214,14 @@ class NDR(Recipe):
         split, names = self.task.splits["test"], list(self.task.vocab) + ["<eos>", "<sos>"]
         examples = [(example_name(text), parse_tokens(text, self.task.vocab, self.task.tokenize), None)
                     for text in texts]
-        examples = examples or [(sample_name("test", i, split), split.inputs[i], self.task.classes[split.labels[i]])
-                                for i in plot_sample(len(split))]
+        examples = examples or [(sample_name("test", i, split), split.inputs[i],
+                                 self.task.classes[split.labels[i]]) for i in plot_sample(len(split))]
         pictures = []
         for name, seq, target in examples:
             ids, lengths = collate([seq], len(self.task.vocab))
             title = f"{self.cfg.task} / {self.cfg.model}: {self.task.decode(seq)}"
             title += f" (target {target})" if target else ""
-            pictures += viz.encoder_pictures(model, *self.to_device((ids, lengths)), [names[i] for i in ids[0]], title,
-                                             name, self.task.classes)
+            tokens = [names[i] for i in ids[0]]
+            pictures += viz.encoder_pictures(model, *self.to_device((ids, lengths)), tokens, title, name,
+                                             self.task.classes)
         return pictures

@@ -22,10 +22,11 @@ class SplitOptions:
     split: str = ""                # scan: the split (data.SCAN_SPLITS); lookup has one structure (sample1)
 
 
-# "paper": the sizes of paper Table 3 (§2.5, §3.6); the dropout acts between RNN layers, a no-op with one layer
-# (§1.6). Adam (AdamW without decay) lr 1e-3, gradient clipping at 5, teacher forcing 0.5 per sequence (§1.6).
-# Lookup: 100 epochs at batch 1, an evaluation every 100 updates; SCAN: 50 epochs at batch 64 (the project's
-# default: the paper's SCAN batch size is unknown) in length buckets, 10 evaluations (``TASKS``, ``derive``).
+# "paper": the sizes of paper Table 3 (§2.5, §3.6); the dropout acts between RNN layers, a no-op with one
+# layer (§1.6). Adam (AdamW without decay) lr 1e-3, gradient clipping at 5, teacher forcing 0.5 per sequence
+# (§1.6). Lookup: 100 epochs at batch 1, an evaluation every 100 updates; SCAN: 50 epochs at batch 64 (the
+# project's default: the paper's SCAN batch size is unknown) in length buckets, 10 evaluations (``TASKS``,
+# ``derive``).
 SEQ2SEQ = seq2attn.MODELS["seq2seq"]      # the baseline: none of seq2attn's four components
 PAPER = {
     ("lookup", "seq2attn"): dict(d_embedding=256, d_hidden=256, n_layers=1, cell="gru", dropout=0.5,
@@ -45,16 +46,16 @@ CPU = {
     "lookup": dict(d_embedding=64, d_hidden=64),
     # SCAN's cpu batch is 8, nearer the batch 1 that the paper's grid search fixed (§3.6): 8x the updates of
     # batch 64. Batch 2 would take ~1 h for 50 epochs on the 2-core machine; at batch 4 (~30 min) the training
-    # loss of seq2attn diverged for good after 15 epochs (0.75 -> 3.09 and rising, seed 0); at batch 8 (~18 min)
-    # it fell to 0.17-0.42 by epoch 20-30 (3 seeds) but climbed back to 0.63-1.02 by epoch 50, still below
-    # batch 64's 1.72 after the same 50 epochs (seed 0). Chosen on the training loss: SCAN has no validation
-    # set. On test batch 8 ended at 0 on all 3 seeds (0.11-0.43 during training) and batch 64 at 0.113
-    # (RESULTS has the curves).
+    # loss of seq2attn diverged for good after 15 epochs (0.75 -> 3.09 and rising, seed 0); at batch 8 (~18
+    # min) it fell to 0.17-0.42 by epoch 20-30 (3 seeds) but climbed back to 0.63-1.02 by epoch 50, still
+    # below batch 64's 1.72 after the same 50 epochs (seed 0). Chosen on the training loss: SCAN has no
+    # validation set. On test batch 8 ended at 0 on all 3 seeds (0.11-0.43 during training) and batch 64 at
+    # 0.113 (RESULTS has the curves).
     "scan": dict(d_embedding=128, d_hidden=128, batch_size=8),
-    # At batch 8 seq2attn takes Adam's lr 3e-4, not the paper's 1e-3 (chosen on the training loss too): at 1e-3
-    # its loss climbed back and at the end it fitted only 84-93% of its training commands; at 3e-4 the loss
-    # fell to 0.20-0.40 without climbing back and it fitted 93-100% (3 seeds). The baseline keeps 1e-3: its
-    # loss fell to 0.03-0.05 there and it fitted all of them.
+    # At batch 8 seq2attn takes Adam's lr 3e-4, not the paper's 1e-3 (chosen on the training loss too): at
+    # 1e-3 its loss climbed back and at the end it fitted only 84-93% of its training commands; at 3e-4 the
+    # loss fell to 0.20-0.40 without climbing back and it fitted 93-100% (3 seeds). The baseline keeps 1e-3:
+    # its loss fell to 0.03-0.05 there and it fitted all of them.
     ("scan", "seq2attn"): dict(lr=3e-4),
 }
 
@@ -153,18 +154,21 @@ class Seq2Attn(Recipe):
         attention is an argmax and τ is unused, so this shows where training left τ; for the "conditioned"
         estimator also the share of steps near its bound τ_max, where the sample is flattest."""
         train = self.task.splits["train"]
-        sample = np.sort(np.random.default_rng(0).choice(len(train), min(ANALYSIS_SAMPLE, len(train)), replace=False))
+        rng = np.random.default_rng(0)
+        sample = np.sort(rng.choice(len(train), min(ANALYSIS_SAMPLE, len(train)), replace=False))
         test_name = "test" if "test" in self.task.splits else "heldout_compositions"
         attention, lines = model.attention, []
         for name, rows in (("train", sample), (test_name, None)):
             split = self.task.splits[name]
             n = len(split) if rows is None else len(rows)
             correct, tau = self._decode(model, split, rows)
-            lines.append(f"{name}: greedy sequence accuracy {correct / n:.3f} on {n:,} of {len(split):,} examples")
+            lines.append(f"{name}: greedy sequence accuracy {correct / n:.3f} on {n:,} of {len(split):,} "
+                         "examples")
             if tau is None:
                 continue
-            lines.append(f"  τ per decoding step ({attention.temperature}; {tau.size:,} steps): 1/10/50/90/99th "
-                         "percentiles " + " / ".join(f"{v:.3f}" for v in np.percentile(tau, [1, 10, 50, 90, 99])))
+            percentiles = " / ".join(f"{v:.3f}" for v in np.percentile(tau, [1, 10, 50, 90, 99]))
+            lines.append(f"  τ per decoding step ({attention.temperature}; {tau.size:,} steps): "
+                         f"1/10/50/90/99th percentiles {percentiles}")
             if attention.temperature == "conditioned":
                 tau_max = 1 / attention.inv_tau_max
                 lines[-1] += f"; τ_max {tau_max:g}, share ≥ 0.9 τ_max {np.mean(tau >= 0.9 * tau_max):.3f}"
@@ -182,9 +186,10 @@ class Seq2Attn(Recipe):
                 correct = correct + _correct(model, src, src_lengths, tgt, tgt_lengths).sum()
                 if gumbel:   # one τ per call: a float ("fixed"), (1,) ("latent") or (B, 1) ("conditioned")
                     xp, B = backend.array_module(tgt), len(tgt)
-                    tau = xp.stack([xp.broadcast_to(t.data.reshape(-1), (B,)) if isinstance(t, Tensor)
-                                    else xp.full((B,), t, dtype=backend.DEFAULT_DTYPE) for t in calls], axis=1)
-                    taus.append(tau[xp.arange(tau.shape[1]) < tgt_lengths[:, None]])   # (B, steps) → valid steps
+                    tau = xp.stack([xp.broadcast_to(t.data.reshape(-1), (B,)) if isinstance(t, Tensor) else
+                                    xp.full((B,), t, dtype=backend.DEFAULT_DTYPE) for t in calls], axis=1)
+                    # (B, steps) → valid steps
+                    taus.append(tau[xp.arange(tau.shape[1]) < tgt_lengths[:, None]])
                     calls.clear()
         return int(backend.to_numpy(correct)), (backend.to_numpy(xp.concatenate(taus)) if gumbel else None)
 
@@ -195,8 +200,8 @@ class Seq2Attn(Recipe):
         split_name = "test" if "test" in task.splits else "heldout_compositions"
         split = task.splits[split_name]
         examples = [(example_name(text), parse_tokens(text, task.in_vocab), None) for text in texts]
-        examples = examples or [(sample_name(split_name, i, split), split.inputs[i], task.decode(split.targets[i]))
-                                for i in plot_sample(len(split))]
+        examples = examples or [(sample_name(split_name, i, split), split.inputs[i],
+                                 task.decode(split.targets[i])) for i in plot_sample(len(split))]
         longest = max(int(s.targets.lengths.max()) for s in task.splits.values())
         pictures = []
         for name, src, target in examples:
@@ -204,6 +209,6 @@ class Seq2Attn(Recipe):
             title = f"{self.cfg.task} / {self.cfg.model}: {' '.join(tokens)}"
             title += f" (target {target})" if target else ""
             src, lengths = self.to_device((src[None], np.array([len(src)])))
-            pictures += viz.seq2attn_pictures(model, src, lengths, longest + len(tokens), tokens, task.out_vocab,
-                                              title, name)
+            pictures += viz.seq2attn_pictures(model, src, lengths, longest + len(tokens), tokens,
+                                              task.out_vocab, title, name)
         return pictures
