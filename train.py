@@ -16,9 +16,10 @@ minattn/lab/recipes/, found by task in its one table ``RECIPES``. The rest is th
 and the modes that read a trained run (--evaluate, --plot, --analyze, --report) are minattn/lab/cli.py,
 the settings by name (--set) minattn/lab/settings.py, the run directory's files minattn/lab/rundir.py.
 
-Model selection is each task's ``Selection`` (minattn/lab/recipes/base.py): the NDR paper's (docs/ndr.md
-§6) reports "iid" at the end of training and "test" at the evaluation with the best "valid" accuracy (ties
-go to the later one), with that "best_step"; results.json holds the metrics the recipe's evaluate() returns.
+Model selection is each task's ``Selection`` (minattn/lab/recipes/base.py): the NDR paper's
+(docs/ndr.md §6) reports "iid" at the end of training and "test" at the evaluation with the best "valid"
+accuracy (ties go to the later one), with that "best_step"; results.json holds the metrics the recipe's
+evaluate() returns.
 
 Randomness: parameters are initialised from ``--seed``; the data order comes from a NumPy generator
 seeded from it; dropout and gate-dropout masks of step k come from ``RNG(seed).reseed(k)``. So

@@ -111,8 +111,8 @@ class CoDA(Recipe):
 
     def analyze(self, model):
         """CoDA's gate per attention on 256 validation pairs (teacher forcing): its mean, and the shares of
-        entries that erase (< 0.1) or keep (> 0.9), the near-binary gate the paper argues for (docs/coda.md
-        §3)."""
+        entries that erase (< 0.1) or keep (> 0.9), the near-binary gate the paper argues for
+        (docs/coda.md §3)."""
         if seq2seq.MODELS[self.cfg.model]["gate"] != "coda":
             raise ValueError("the analysis shows CoDA's gate: train transformer-seq2seq-coda")
         with no_grad(), eval_mode():
