@@ -64,10 +64,13 @@ def _gpu_failure(what, e):
     wheel = _cupy_wheel()
     lib = re.search(r"lib(nvrtc|cublas|curand|cudart)\w*", text)
     if lib:
-        return (f"device 'gpu': {what} failed because CuPy cannot find {lib.group(0)}, a CUDA library that "
+        return (f"device 'gpu': {what} failed because CuPy cannot find {lib.group(0)}, a CUDA "
+                "library that "
                 f"{wheel} installs only with its CUDA toolkit extra: pip install \"{wheel}[ctk]\"")
-    if re.search(r"InsufficientDriver|driver version is insufficient|UNSUPPORTED_PTX|NoDriver", text):
-        switch = (", or for a CUDA 12 driver use CuPy's CUDA 12 wheel: make venv DEVICE=gpu CUPY=cupy-cuda12x"
+    if re.search(r"InsufficientDriver|driver version is "
+                 r"insufficient|UNSUPPORTED_PTX|NoDriver", text):
+        switch = (", or for a CUDA 12 driver use CuPy's CUDA 12 wheel: make venv DEVICE=gpu "
+                  "CUPY=cupy-cuda12x"
                   if wheel == "cupy-cuda13x" else "")
         return (f"device 'gpu': the NVIDIA driver is missing or older than {wheel}'s CUDA ({what}: "
                 f"{text[:120]}); "
@@ -91,11 +94,13 @@ def _self_test(cupy):
     try:
         x = cupy.asarray(host)
         for what, run, expected in checks:
-            got = cupy.asnumpy(run(x))   # the copy back waits for the kernel, so its errors surface here
+            # the copy back waits for the kernel, so its errors surface here
+            got = cupy.asnumpy(run(x))
             ok = (np.all((got >= 0) & (got < 1)) and np.unique(got).size > 1 if expected is None
                   else np.array_equal(got, expected))
             if not ok:
-                raise DeviceError(f"device 'gpu': {what} gave wrong results; reinstall CuPy: {GPU_HINT}")
+                raise DeviceError(f"device 'gpu': {what} gave wrong results; reinstall CuPy: "
+                                  f"{GPU_HINT}")
     except DeviceError:
         raise
     except Exception as e:

@@ -1,19 +1,24 @@
 """minattn.functional (import as ``F``): the functions models are written with.
 
 Primitives come from ``ops`` (layer norm among them, fused beside its composed form); the composites
-here (Gumbel-softmax) are built from ops and so get correct gradients for free. Dropout is one module,
-``nn.Dropout``, which owns its random stream. Signatures follow PyTorch's, with NumPy's ``axis=`` keyword.
+here (Gumbel-softmax) are built from ops and so get correct gradients for free. Dropout is one
+module, ``nn.Dropout``, which owns its random stream. Signatures follow PyTorch's, with NumPy's
+``axis=`` keyword.
 """
 from .backend import array_module, default_rng, device_of
 from .engine import Tensor
-from .ops import (abs, broadcast_to, concat, cross_entropy, cumsum, embedding, exp, layer_norm, linear,  # noqa: F401
-                  log, log_softmax, logsigmoid, masked_fill, matmul, max, maximum, mean, merge_heads, minimum,
-                  relu, reshape, sigmoid, softmax, softplus, split_heads, sqrt, stack, straight_through, sum,
+from .ops import (abs, broadcast_to, concat, cross_entropy, cumsum, embedding, exp, layer_norm,
+                  linear,  # noqa: F401
+                  log, log_softmax, logsigmoid, masked_fill, matmul, max, maximum, mean,
+                  merge_heads, minimum,
+                  relu, reshape, sigmoid, softmax, softplus, split_heads, sqrt, stack,
+                  straight_through, sum,
                   swapaxes, tanh, transpose, where)
 
 
-# The logit a forbidden key gets before a softmax or sigmoid: finite, so that a row with every key masked stays
-# finite (−inf would give NaN), and so far below any real logit that its weight is exactly 0 in float32.
+# The logit a forbidden key gets before a softmax or sigmoid: finite, so that a row with every key
+# masked stays finite (−inf would give NaN), and so far below any real logit that its weight is
+# exactly 0 in float32.
 MASKED = -1e9
 
 
@@ -23,8 +28,8 @@ def one_hot_argmax(x, axis=-1):
     xp = array_module(data)
     idx = data.argmax(axis=axis)
     n = data.shape[axis]
-    return (xp.expand_dims(idx, axis) == xp.arange(n).reshape([-1 if a == axis % data.ndim else 1
-                                                                 for a in range(data.ndim)])).astype(data.dtype)
+    positions = xp.arange(n).reshape([-1 if a == axis % data.ndim else 1 for a in range(data.ndim)])
+    return (xp.expand_dims(idx, axis) == positions).astype(data.dtype)
 
 
 def gumbel_softmax(logits, tau=1.0, hard=True, rng=None, axis=-1, noise=None):

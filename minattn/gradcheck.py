@@ -98,8 +98,10 @@ def check_backward(fn, inputs, params=(), eps=1e-6, atol=1e-6, rtol=1e-4, seed=0
             finite = np.isfinite(analytic) and np.isfinite(numeric)
             if not finite or abs(numeric - analytic) > atol + rtol * abs(numeric):
                 where = f"entry {np.unravel_index(k, t.shape)}" if elementwise else f"direction {k}"
-                failures.append(f"{name} {tuple(t.shape)} {where}: numeric {numeric:.8g} vs analytic "
-                                f"{analytic:.8g} (|diff| {abs(numeric - analytic):.3g} > atol {atol} + "
+                failures.append(f"{name} {tuple(t.shape)} {where}: numeric {numeric:.8g} vs "
+                                "analytic "
+                                f"{analytic:.8g} (|diff| {abs(numeric - analytic):.3g} > atol "
+                                f"{atol} + "
                                 f"rtol {rtol}·|numeric|)")
                 break
     for a in int_tensors:

@@ -5,7 +5,8 @@ tuples of them), in definition order, so names are stable: ``layers.0.attn.w_q``
 attributes are buffers (e.g. a position table) and move with ``.to(device)``.
 
 Weights are created on the host from an explicit ``numpy.random.Generator`` and then moved, so a
-model initialises identically on CPU and GPU. Linear weights are stored (in, out): ``y = x @ W + b``.
+model initialises identically on CPU and GPU. Linear weights are stored (in, out): ``y = x @ W +
+b``.
 """
 import contextlib
 import math
@@ -32,7 +33,8 @@ def _is_array(v):
 class Module:
     training = True
     device = "cpu"
-    record = False  # when True, attention modules keep ``last_weights`` (and gated layers ``last_gate``)
+    # when True, attention modules keep ``last_weights`` (and gated layers ``last_gate``)
+    record = False
 
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
@@ -107,12 +109,14 @@ class Module:
     def repeated(self, n):
         """A block that applies this module n times in one forward pass (a shared layer).
 
-        Each of its dropouts draws the masks of its n applications at once, at the first (``MaskPlan``).
-        That fixes the order in which the run's one random stream is read (the first dropout's n masks,
-        then the next one's, ...), which resumed runs and the golden runs rely on; it is the same on both
-        paths. The seam of the shared-layer annex (minattn/fast/shared_layer.py): its form of
-        ``applied_each_time`` builds what ``once`` makes once for all n applications."""
-        planned = [m for _, m in self.named_modules() if isinstance(m, Dropout) and "_plan" not in vars(m)]
+        Each of its dropouts draws the masks of its n applications at once, at the first
+        (``MaskPlan``). That fixes the order in which the run's one random stream is read (the first
+        dropout's n masks, then the next one's, ...), which resumed runs and the golden runs rely
+        on; it is the same on both paths. The seam of the shared-layer annex
+        (minattn/fast/shared_layer.py): its form of ``applied_each_time`` builds what ``once`` makes
+        once for all n applications."""
+        planned = [m for _, m in self.named_modules()
+                   if isinstance(m, Dropout) and "_plan" not in vars(m)]
         for m in planned:
             m._plan = MaskPlan(n)
         try:
@@ -123,8 +127,9 @@ class Module:
                 del m._plan
 
     def once(self, name, make):
-        """``make()``: tensors the module derives from its parameters (two weights side by side, say), made
-        at every call, or taken from the cache ``_once`` that the shared-layer annex sets up."""
+        """``make()``: tensors the module derives from its parameters (two weights side by side,
+        say), made at every call, or taken from the cache ``_once`` that the shared-layer annex sets
+        up."""
         cache = vars(self).get("_once")
         if cache is None:
             return make()
@@ -132,7 +137,8 @@ class Module:
             cache[name] = make()
         return cache[name]
 
-    # --- (de)serialisation -------------------------------------------------------------------------
+    # --- (de)serialisation
+    # -------------------------------------------------------------------------
     def state_dict(self):
         """Host (NumPy) copies of every parameter, by name."""
         return {name: backend.to_numpy(p.data).copy() for name, p in self.named_parameters()}
@@ -151,11 +157,13 @@ class Module:
                     ([f"shape mismatch ({'; '.join(bad)})"] if bad else [])
             raise ValueError("state_dict does not match the model: " + ", ".join(parts))
         for k, p in params.items():
-            p.data = backend.to_device(np.asarray(state[k]), backend.device_of(p.data), p.data.dtype)
+            p.data = backend.to_device(np.asarray(state[k]), backend.device_of(p.data),
+                                       p.data.dtype)
 
 
 def applied_each_time(module, n):
-    """In ``Module.repeated``, on the textbook path: nothing shared, every application builds its own."""
+    """In ``Module.repeated``, on the textbook path: nothing shared, every application builds its
+    own."""
     return contextlib.nullcontext(module)
 
 
@@ -168,10 +176,12 @@ def _children(name, v, kind):
                 yield f"{name}.{i}", item
 
 
-# --- initialisers (host NumPy; fans as in PyTorch) --------------------------------------------------
+# --- initialisers (host NumPy; fans as in PyTorch)
+# --------------------------------------------------
 
 def head_size(d_model, n_head):
-    """The width d_model / n_head of one attention head; a clear error where the heads do not fit."""
+    """The width d_model / n_head of one attention head; a clear error where the heads do not
+    fit."""
     if n_head < 1 or d_model < 1 or d_model % n_head:
         raise ValueError(f"d_model {d_model} must be a positive multiple of n_head {n_head}")
     return d_model // n_head
@@ -200,10 +210,12 @@ class Linear(Module):
 
     def forward(self, x):
         if x.dtype != self.weight.dtype and not getattr(x, "requires_grad", False):
-            # data (np.random.rand's float64, integers) in the parameters' dtype: else the weights' gradient
-            # comes back in another dtype, and backward() fails in an op the caller never called
+            # data (np.random.rand's float64, integers) in the parameters' dtype: else the weights'
+            # gradient comes back in another dtype, and backward() fails in an op the caller never
+            # called
             x = Tensor((x.data if isinstance(x, Tensor) else x).astype(self.weight.dtype))
-        return F.linear(x, self.weight, self.bias)   # x (..., d_in): the op folds leading axes into rows
+        # x (..., d_in): the op folds leading axes into rows
+        return F.linear(x, self.weight, self.bias)
 
 
 class Embedding(Module):
@@ -235,9 +247,10 @@ class Dropout(Module):
     """Inverted dropout drawing from ``self.rng`` (set by ``Module.set_rng``; until then
     ``backend.default_rng``); off in eval.
 
-    ``scale=False`` keeps the kept entries as they are (a gate that closes, not a rescaled activation);
-    ``shared_axes`` share one draw along those axes (e.g. (-1,): a whole column at once). A mask is
-    ``mask()``'s fresh draw, or inside ``Module.repeated`` the next of the masks drawn ahead (``_plan``).
+    ``scale=False`` keeps the kept entries as they are (a gate that closes, not a rescaled
+    activation); ``shared_axes`` share one draw along those axes (e.g. (-1,): a whole column at
+    once). A mask is ``mask()``'s fresh draw, or inside ``Module.repeated`` the next of the masks
+    drawn ahead (``_plan``).
     """
 
     def __init__(self, p, rng=None, scale=True, shared_axes=()):
@@ -250,8 +263,9 @@ class Dropout(Module):
         return x if keep is None else x * keep
 
     def draw(self, x):
-        """The mask this call multiplies ``x`` by (None where dropout is off). A GPU kernel that fuses the
-        dropout (minattn/fast/kernels.py) draws it here too, so the random stream is the same."""
+        """The mask this call multiplies ``x`` by (None where dropout is off). A GPU kernel that
+        fuses the dropout (minattn/fast/kernels.py) draws it here too, so the random stream is the
+        same."""
         if not (self.training and is_training()) or self.p == 0:
             return None
         shape = tuple(1 if a in self.shared_axes or a - x.ndim in self.shared_axes else n
@@ -261,21 +275,23 @@ class Dropout(Module):
         return self.mask(rng, shape, x.dtype) if plan is None else plan.next(self, rng, shape, x.dtype)
 
     def mask(self, rng, shape, dtype):
-        """Entries 1/(1 − p) (or 1 without ``scale``) with probability 1 − p, else 0, drawn from ``rng``."""
+        """Entries 1/(1 − p) (or 1 without ``scale``) with probability 1 − p, else 0, drawn from
+        ``rng``."""
         keep = rng.keep_mask(shape, self.p)
         return keep * dtype.type(1 / (1 - self.p)) if self.scale else keep.astype(dtype)
 
 
 class MaskPlan:
-    """The masks of a dropout's next n calls, drawn together (one draw: on a GPU three kernel launches
-    instead of 3n) when the first is asked for, and handed out in turn."""
+    """The masks of a dropout's next n calls, drawn together (one draw: on a GPU three kernel
+    launches instead of 3n) when the first is asked for, and handed out in turn."""
 
     def __init__(self, n):
         self.n, self.masks, self.key, self.used = max(1, n), None, None, 0
 
     def next(self, dropout, rng, shape, dtype):
         if self.masks is None or self.key != (rng, shape, dtype) or self.used == self.n:
-            self.masks, self.key, self.used = dropout.mask(rng, (self.n,) + shape, dtype), (rng, shape, dtype), 0
+            self.masks = dropout.mask(rng, (self.n,) + shape, dtype)
+            self.key, self.used = (rng, shape, dtype), 0
         self.used += 1
         return self.masks[self.used - 1]
 
@@ -295,7 +311,8 @@ class FeedForward(Module):
         return self.fc2(self.dropout(F.relu(self.fc1(x))))
 
 
-# --- chains that the GPU tier of the annex runs as one kernel each (minattn/fast/kernels.py) -----------
+# --- chains that the GPU tier of the annex runs as one kernel each (minattn/fast/kernels.py)
+# -----------
 
 def residual_norm(norm, h, dropout, x):
     """norm(h + dropout(x)): a post-norm residual connection."""
@@ -308,8 +325,8 @@ def linear_relu_dropout(x, w, b, dropout):
 
 
 def gated_mix(h, u, x, linear, dropout):
-    """(h + g ⊙ (u − h), g) with the gate g = dropout(σ(linear(x))) in h's shape: where g = 0 the state h
-    is kept, where g = 1 it is replaced by u."""
+    """(h + g ⊙ (u − h), g) with the gate g = dropout(σ(linear(x))) in h's shape: where g = 0 the
+    state h is kept, where g = 1 it is replaced by u."""
     g = dropout(F.sigmoid(linear(x)))
     u, g = u.reshape(h.shape), g.reshape(h.shape)
     return h + g * (u - h), g
@@ -391,8 +408,9 @@ def keras_fans(shape):
     """(fan_in, fan_out) of a kernel as Keras computes them for glorot_uniform (keras/initializers
     ``_compute_fans``): (in, out) for a 2-D kernel; an N-D kernel is read as a convolution's
     (..., in, out), so fan_in = shape[−2]·∏shape[:−2] and fan_out = shape[−1]·∏shape[:−2]. Keras'
-    MultiHeadAttention keeps q/k/v as (d_model, n_head, d_head) kernels and o as (n_head, d_head, d_model),
-    so their Glorot limits differ from those of the flattened matrices (docs/abstractor.md §5.1)."""
+    MultiHeadAttention keeps q/k/v as (d_model, n_head, d_head) kernels and o as (n_head, d_head,
+    d_model), so their Glorot limits differ from those of the flattened matrices
+    (docs/abstractor.md §5.1)."""
     if len(shape) < 3:
         return (shape[0], shape[-1]) if shape else (1, 1)
     receptive = math.prod(shape[:-2])

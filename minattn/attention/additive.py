@@ -36,11 +36,14 @@ class AdditiveAttention(Module):
     def __init__(self, d_key, d_query, d_hidden, activation="gumbel_st", temperature="conditioned",
                  tau_init=5.0, tau_max=5.0, rng=None):
         if activation not in ACTIVATIONS:
-            raise ValueError(f"unknown attention activation {activation!r}; valid: {', '.join(ACTIVATIONS)}")
+            raise ValueError(f"unknown attention activation {activation!r}; valid: "
+                             f"{', '.join(ACTIVATIONS)}")
         if temperature not in TEMPERATURES:
-            raise ValueError(f"unknown temperature mode {temperature!r}; valid: {', '.join(TEMPERATURES)}")
+            raise ValueError(f"unknown temperature mode {temperature!r}; valid: "
+                             f"{', '.join(TEMPERATURES)}")
         if not (tau_init > 0 and tau_max > 0):
-            raise ValueError(f"temperatures must be positive, got tau_init={tau_init}, tau_max={tau_max}")
+            raise ValueError(f"temperatures must be positive, got tau_init={tau_init}, "
+                             f"tau_max={tau_max}")
         rng = rng or np.random.default_rng(0)
         bound = 1 / math.sqrt(d_key + d_query)  # PyTorch's Linear(d_key + d_query, d_hidden) init
         self.w1_key = Parameter(uniform(rng, (d_key, d_hidden), bound))      # W1 = [W1_k ; W1_q]
@@ -52,7 +55,8 @@ class AdditiveAttention(Module):
         if activation != "softmax" and temperature == "conditioned":
             self.w_tau = Linear(d_query, 1, rng=rng)                          # w_τ, b_τ
         if activation != "softmax" and temperature == "latent":
-            self.log_tau = Parameter(np.full((1,), math.log(tau_init), dtype=backend.DEFAULT_DTYPE))  # θ
+            # θ
+            self.log_tau = Parameter(np.full((1,), math.log(tau_init), dtype=backend.DEFAULT_DTYPE))
         self.rng = None  # the Gumbel noise stream (Module.set_rng)
 
     def prepare(self, keys, key_mask=None):

@@ -68,7 +68,8 @@ class L1Distance(Function):
         (N, T_q, d), T_k = q.shape, k.shape[1]
         D, ones = xp.empty((N, T_q, T_k), q.dtype), xp.ones(d, q.dtype)
         for n0, n1, i0, i1 in self._blocks(N, T_q, T_k, d, xp):
-            diff = q[n0:n1, i0:i1, None, :] - k[n0:n1, None, :, :]                    # (n, i, T_k, d)
+            # (n, i, T_k, d)
+            diff = q[n0:n1, i0:i1, None, :] - k[n0:n1, None, :, :]
             xp.abs(diff, out=diff)
             # Σ_c as a matrix-vector product: ~8× faster here than NumPy's .sum(-1) over a short
             # last axis.
@@ -82,10 +83,13 @@ class L1Distance(Function):
         gq, gk, ones = xp.empty_like(q), xp.zeros_like(k), xp.ones(T_k, q.dtype)
         for n0, n1, i0, i1 in self._blocks(N, T_q, T_k, d, xp):
             # Not sign(diff, out=diff): NumPy's in-place sign was ~10× slower than into a new array.
-            s = xp.sign(q[n0:n1, i0:i1, None, :] - k[n0:n1, None, :, :])               # (n, i, T_k, d)
+            # (n, i, T_k, d)
+            s = xp.sign(q[n0:n1, i0:i1, None, :] - k[n0:n1, None, :, :])
             s *= gD[n0:n1, i0:i1, :, None]
-            gq[n0:n1, i0:i1] = ones @ s                                  # Σ_j over keys (~5× .sum(2)'s speed)
-            gk[n0:n1] -= s.sum(axis=1)                                                   # Σ_i over queries
+            # Σ_j over keys (~5× .sum(2)'s speed)
+            gq[n0:n1, i0:i1] = ones @ s
+            # Σ_i over queries
+            gk[n0:n1] -= s.sum(axis=1)
         return gq, gk
 
 
@@ -93,7 +97,8 @@ def l1_distance(q, k, block=None):
     """Σ_c |q_ic − k_jc| for q (..., T_q, d) and k (..., T_k, d) with the same leading dims →
     (..., T_q, T_k)."""
     if q.shape[:-2] != k.shape[:-2] or q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"l1_distance: shapes {q.shape} and {k.shape} differ outside the T_q/T_k axis")
+        raise ValueError(f"l1_distance: shapes {q.shape} and {k.shape} differ outside the T_q/T_k "
+                         "axis")
     *lead, T_q, d = q.shape
     D = L1Distance(block)(q.reshape(-1, T_q, d), k.reshape(-1, k.shape[-2], d))
     return D.reshape(*lead, T_q, k.shape[-2])
@@ -121,7 +126,8 @@ class Arctan(Function):
 # "algebraic" is x/√(1 + x²), both project choices (docs/coda.md §4). With σ(E), weights are never
 # negative.
 E_FUNCTIONS = {"tanh": F.tanh, "sigmoid": F.sigmoid}
-N_FUNCTIONS = {"sigmoid": F.sigmoid, "tanh": F.tanh, "arctan": lambda n: Arctan()(n) * (2 / math.pi),
+N_FUNCTIONS = {"sigmoid": F.sigmoid, "tanh": F.tanh,
+               "arctan": lambda n: Arctan()(n) * (2 / math.pi),
                "algebraic": lambda n: n * (n * n + 1.0) ** -0.5}
 COMPOSITIONS = tuple(f"{e}-{n}" for e in E_FUNCTIONS for n in N_FUNCTIONS)
 
@@ -137,7 +143,8 @@ def masked_mean(x, valid, axes):
     return F.masked_fill(x, ~valid, 0.0).sum(axis=axes, keepdims=True) / xp.maximum(count, 1).astype(x.dtype)
 
 
-def quasi_attention(E, N, mask=None, stats=None, gate="scaled", center_e=False, composition="tanh-sigmoid",
+def quasi_attention(E, N, mask=None, stats=None, gate="scaled", center_e=False,
+                    composition="tanh-sigmoid",
                     row_mean=False):
     """(M, gate): M = F_X(E) ⊙ gate(N) ⊙ mask (paper Eqs. 3–6; docs/coda.md §3). ``stats`` marks the
     entries that count in Mean(·) (default: ``mask``); ``row_mean`` takes Mean(·) per query row
@@ -150,18 +157,21 @@ def quasi_attention(E, N, mask=None, stats=None, gate="scaled", center_e=False, 
         g = f_n(N - masked_mean(N, stats, axes))                                     # Eq. 4
     else:
         g = f_n(N) * 2.0 if f_n is F.sigmoid else f_n(N)                             # Eq. 5
-    M = f_e(E) * g                                                                   # Eq. 3 / Table 9
+    # Eq. 3 / Table 9
+    M = f_e(E) * g
     return (M if mask is None else F.masked_fill(M, ~mask, 0.0)), g
 
 
 def _check_options(gate, composition, alpha, beta):
     if alpha < 0 or beta < 0:
-        raise ValueError(f"CoDA temperatures must be ≥ 0 (a negative β would open the gate for FAR pairs), "
+        raise ValueError(f"CoDA temperatures must be ≥ 0 (a negative β would open the gate for FAR "
+                         "pairs), "
                          f"got alpha={alpha}, beta={beta}")
     if gate not in GATES:
         raise ValueError(f"unknown CoDA gate {gate!r}; use one of {', '.join(GATES)}")
     if composition not in COMPOSITIONS:
-        raise ValueError(f"unknown CoDA composition {composition!r}; use one of {', '.join(COMPOSITIONS)}")
+        raise ValueError(f"unknown CoDA composition {composition!r}; use one of "
+                         f"{', '.join(COMPOSITIONS)}")
 
 
 @dataclass
@@ -171,9 +181,11 @@ class CoDAConfig:
     coda_alpha: float = 1.0                  # α, temperature of E
     # β, temperature of N; < 1 opens the gate at init (docs/coda.md §3)
     coda_beta: float = 1.0
-    coda_gate: str = "scaled"                # "scaled": 2σ(N) (Eq. 5); "centered": σ(N − Mean N) (Eq. 4)
+    # "scaled": 2σ(N) (Eq. 5); "centered": σ(N − Mean N) (Eq. 4)
+    coda_gate: str = "scaled"
     coda_center_e: bool = False              # E ← E − Mean(E) (Eq. 6)
-    coda_scale: bool = True                  # the 1/√d_k of E and N (paper footnote 3 allows dropping it)
+    # the 1/√d_k of E and N (paper footnote 3 allows dropping it)
+    coda_scale: bool = True
     coda_composition: str = "tanh-sigmoid"   # F_X(E) ⊙ F_Y(N) of paper Table 9
 
 
@@ -206,18 +218,24 @@ class CoDAttention(MultiHeadAttention):
     def forward(self, x, context=None, key_mask=None, causal=False, return_weights=False, kv=None):
         B, T, C = x.shape
         H, dh = self.n_head, self.d_head
-        q, k, v = self.project(x, context, kv)                                          # (B, H, T|S, dh)
+        # (B, H, T|S, dh)
+        q, k, v = self.project(x, context, kv)
         S = k.shape[2]
-        E = (q @ k.swapaxes(-1, -2)) * (self.alpha * self.scale)                        # (B, H, T, S)
-        N = l1_distance(q, k) * (-self.beta * self.scale)                               # β G/√d_k, G = −L1
+        # (B, H, T, S)
+        E = (q @ k.swapaxes(-1, -2)) * (self.alpha * self.scale)
+        # β G/√d_k, G = −L1
+        N = l1_distance(q, k) * (-self.beta * self.scale)
         mask = stats = attention_mask(key_mask, T, S, causal, x.data)
-        if key_mask is not None and context is None and kv is None:  # self-attention: padded queries are
+        # self-attention: padded queries are
+        if key_mask is not None and context is None and kv is None:
             stats = mask & key_mask[:, None, :, None]                 # left out of Mean(·) too
-        M, g = quasi_attention(E, N, mask, stats, self.gate, self.center_e, self.composition, self.row_mean)
+        M, g = quasi_attention(E, N, mask, stats, self.gate, self.center_e, self.composition,
+                               self.row_mean)
         if self.record:
             self.last_weights, self.last_gate = M, g
         if self.gate_log is not None:
-            self.gate_log.append((g.data, stats))    # arrays, not the graph: read after the forward pass
+            # arrays, not the graph: read after the forward pass
+            self.gate_log.append((g.data, stats))
         y = (self.dropout(M) @ v).transpose(0, 2, 1, 3).reshape(B, T, H * dh)
         y = self.out(y)
         return (y, M) if return_weights else y
@@ -237,8 +255,10 @@ def gate_values(model, run):
         run()
         out = {}
         for name, m in mods.items():
-            calls = [(backend.to_numpy(g), None if s is None else backend.to_numpy(s)) for g, s in m.gate_log]
-            out[name] = [g.ravel() if s is None else g[np.broadcast_to(s, g.shape)] for g, s in calls]
+            calls = [(backend.to_numpy(g), None if s is None else backend.to_numpy(s))
+                     for g, s in m.gate_log]
+            out[name] = [g.ravel() if s is None else g[np.broadcast_to(s, g.shape)]
+                         for g, s in calls]
     finally:
         for m in mods.values():
             m.gate_log = None
@@ -284,7 +304,8 @@ class PairwiseCoDA(Module):
     def forward(self, a, b, a_mask=None, b_mask=None, return_weights=False):
         ea, eb = self.f_e(a), self.f_e(b)
         na, nb = (ea, eb) if self.f_n is self.f_e else (self.f_n(a), self.f_n(b))
-        E = (ea @ eb.swapaxes(-1, -2)) * self.alpha                                     # Eq. 1, (B, ℓ_A, ℓ_B)
+        # Eq. 1, (B, ℓ_A, ℓ_B)
+        E = (ea @ eb.swapaxes(-1, -2)) * self.alpha
         N = l1_distance(na, nb) * -self.beta                                            # Eq. 2
         mask = None
         if a_mask is not None or b_mask is not None:

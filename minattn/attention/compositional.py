@@ -45,21 +45,26 @@ class CompositionalAttention(Module):
         rng = rng or np.random.default_rng(0)
         search_dim, value_dim = search_dim or d_model, value_dim or d_model
         if score not in ("dot", "mlp"):
-            raise ValueError(f"unknown value score {score!r}; use 'dot' (Eq. 13) or 'mlp' (Appendix B.7)")
+            raise ValueError(f"unknown value score {score!r}; use 'dot' (Eq. 13) or 'mlp' "
+                             "(Appendix B.7)")
         if n_search < 1 or n_retrieval < 1 or search_dim % n_search or value_dim % n_retrieval:
             raise ValueError(f"search_dim {search_dim} must be a multiple of n_search {n_search} "
                              "and value_dim "
                              f"{value_dim} a multiple of n_retrieval {n_retrieval} (both ≥ 1)")
         if separate and score == "mlp":
-            raise ValueError("separate=True needs score='dot': the MLP score has no retrieval key W̄_k")
+            raise ValueError("separate=True needs score='dot': the MLP score has no retrieval key "
+                             "W̄_k")
         self.S, self.R = n_search, n_retrieval
         self.d_s, self.d_v = search_dim // n_search, value_dim // n_retrieval
         self.score, self.concat, self.separate, self.mask_diagonal = score, concat, separate, mask_diagonal
         self.query = Linear(d_model, search_dim, rng=rng)                     # W_q   (Eq. 7)
         self.key_search = Linear(d_model, search_dim, rng=rng)                # W_k   (Eq. 7)
-        self.value = Linear(d_model, value_dim, rng=rng)                      # W_v   (Eq. 9), R blocks
-        self.retrieval_query = Linear(d_model, search_dim, rng=rng)           # W̄_q   (Eq. 11), S blocks
-        self.own = Linear(d_model, self.d_v, rng=rng) if concat else None     # W_c   (concat option)
+        # W_v   (Eq. 9), R blocks
+        self.value = Linear(d_model, value_dim, rng=rng)
+        # W̄_q   (Eq. 11), S blocks
+        self.retrieval_query = Linear(d_model, search_dim, rng=rng)
+        # W_c   (concat option)
+        self.own = Linear(d_model, self.d_v, rng=rng) if concat else None
         if score == "mlp":
             self.score_net = Linear(self.d_s + self.d_v, 1, rng=rng)          # w, b of Appendix B.7
         # the code's GroupLinear init: U(±sqrt(6/(d_v + d_r))), zero bias
@@ -69,7 +74,8 @@ class CompositionalAttention(Module):
                                            math.sqrt(6.0 / (self.d_v + self.d_s))))
             self.b_key = Parameter(np.zeros((n_retrieval, 1, self.d_s), backend.DEFAULT_DTYPE))
         else:
-            self.retrieval_key = Linear(self.d_v, self.d_s, rng=rng)          # W̄_k: ONE for all s and r
+            # W̄_k: ONE for all s and r
+            self.retrieval_key = Linear(self.d_v, self.d_s, rng=rng)
         self.out = Linear((n_search + int(concat)) * self.d_v, d_model, rng=rng)  # W_o
 
     def forward(self, x, key_mask=None, return_weights=False):
@@ -80,8 +86,10 @@ class CompositionalAttention(Module):
         S, R, ds, dv = self.S, self.R, self.d_s, self.d_v
         q, k, q_bar = (f(x).reshape(B, T, S, ds).transpose(0, 2, 1, 3)
                        for f in (self.query, self.key_search, self.retrieval_query))  # (B, S, T, ds) each
-        v = self.value(x).reshape(B, 1, T, R * dv)                              # all R values side by side
-        logits = (q @ k.swapaxes(-1, -2)) * (1.0 / math.sqrt(ds))               # (B, S, T, T)   Eq. 7
+        # all R values side by side
+        v = self.value(x).reshape(B, 1, T, R * dv)
+        # (B, S, T, T)   Eq. 7
+        logits = (q @ k.swapaxes(-1, -2)) * (1.0 / math.sqrt(ds))
         invalid = search_mask(key_mask, T, self.mask_diagonal, x.data)
         if invalid is not None:
             # finite: no inf − inf (docs/compositional.md §3.3)
@@ -90,7 +98,8 @@ class CompositionalAttention(Module):
         # Eq. 10 in ONE batched matmul: A_s @ [V_1 | … | V_R] = [A_s V_1 | … | A_s V_R], as V is
         # shared.
         O_sr = (A @ v).reshape(B, S, T, R, dv)                                  # (B, S, T, R, dv)
-        c = self.value_scores(q_bar, O_sr)                                      # (B, S, T, R)   Eqs. 11–13
+        # (B, S, T, R)   Eqs. 11–13
+        c = self.value_scores(q_bar, O_sr)
         h = (c.reshape(B, S, T, 1, R) @ O_sr).reshape(B, S, T, dv)              # Σ_r c_sr O_sr
         h = h.transpose(0, 2, 1, 3).reshape(B, T, S * dv)
         if self.concat:
@@ -106,7 +115,8 @@ class CompositionalAttention(Module):
         of token t reads. q_bar (B, S, T, d_s), O_sr (B, S, T, R, d_v) → (B, S, T, R)."""
         B, S, T, R, dv = O_sr.shape
         ds = self.d_s
-        if self.score == "mlp":  # w·[Q̄; O_sr] + b = w_q·Q̄ + w_o·O_sr + b: no hidden layer, no scaling
+        # w·[Q̄; O_sr] + b = w_q·Q̄ + w_o·O_sr + b: no hidden layer, no scaling
+        if self.score == "mlp":
             w = self.score_net.weight                                           # (ds + dv, 1)
             logits = ((q_bar.reshape(-1, ds) @ w[:ds]).reshape(B, S, T, 1)
                       + (O_sr.reshape(-1, dv) @ w[ds:]).reshape(B, S, T, R) + self.score_net.bias)
@@ -115,7 +125,8 @@ class CompositionalAttention(Module):
                 k_bar = O_sr.reshape(-1, R, dv).transpose(1, 0, 2) @ self.w_key + self.b_key
                 k_bar = k_bar.transpose(1, 0, 2).reshape(B, S, T, R, ds)
             else:
-                k_bar = self.retrieval_key(O_sr)                                # (B, S, T, R, ds)  Eq. 12
+                # (B, S, T, R, ds)  Eq. 12
+                k_bar = self.retrieval_key(O_sr)
             # (R, ds) @ (ds, 1) per (b, s, t): a batched matmul, faster than multiply-and-sum
             logits = (k_bar @ q_bar.reshape(B, S, T, ds, 1)).reshape(B, S, T, R) * (1.0 / math.sqrt(ds))
         return F.softmax(logits, axis=-1)

@@ -6,9 +6,9 @@ the first one that matches. With match probabilities P_ij = σ(z_ij), the weight
 
     A_ij = P_ij · Π_{k ∈ S_ij} (1 − P_ik)                                           (Eq. 7)
 
-where S_ij holds the keys closer to i than j; on equal distance the key on the RIGHT counts as closer
-(so the scan order of query i is i+1, i−1, i+2, i−2, …). Σ_j A_ij ≤ 1; the rest means "attend to
-nothing". The logit has a content term and a directional term that lets a query prefer one side:
+where S_ij holds the keys closer to i than j; on equal distance the key on the RIGHT counts as
+closer (so the scan order of query i is i+1, i−1, i+2, i−2, …). Σ_j A_ij ≤ 1; the rest means "attend
+to nothing". The logit has a content term and a directional term that lets a query prefer one side:
 
     z_ij = α · q_i·k_j + β · D_ij + γ,   D_ij = s→_i if j > i, s←_i if j < i          (Eqs. 9–10)
 
@@ -29,8 +29,8 @@ from ..nn import Dropout, Linear, Module, Parameter, head_size, uniform
 
 
 def scan_order(T):
-    """perm[i] lists the keys in the order query i scans them: i, i+1, i−1, i+2, i−2, ... (right wins
-    ties); inv is its inverse permutation (inv[i, perm[i, p]] = p)."""
+    """perm[i] lists the keys in the order query i scans them: i, i+1, i−1, i+2, i−2, ... (right
+    wins ties); inv is its inverse permutation (inv[i, perm[i, p]] = p)."""
     i, k = np.arange(T)[:, None], np.arange(T)[None, :]
     rank = 2 * np.abs(k - i) + (k < i)          # distance first; on a tie the right key first
     perm = np.argsort(rank, axis=1, kind="stable")
@@ -41,8 +41,8 @@ _CONSTANTS = {}
 
 
 def constants(T, like):
-    """Per-length constants on the device of ``like``, made once: the scan order (rows, perm, inv), the
-    mask ``right`` (T, T) of j > i and ``sides`` (T, 2, T) = [j ≤ i | j > i] in like's dtype."""
+    """Per-length constants on the device of ``like``, made once: the scan order (rows, perm, inv),
+    the mask ``right`` (T, T) of j > i and ``sides`` (T, 2, T) = [j ≤ i | j > i] in like's dtype."""
     key = (T, backend.device_of(like), like.dtype)
     if key not in _CONSTANTS:
         perm, inv = scan_order(T)
@@ -53,11 +53,12 @@ def constants(T, like):
 
 
 def scan_indices(T, like):
-    """The scan order as flat indices into a row-major (T, T) block, on the device of ``like``, made once
-    per length: x.reshape(..., T·T)[..., i] for i in (scan, unscan, scan_back, unscan_back) is
-    x[..., rows, perm], x[..., rows, inv], and the same for the scan from its far end (perm[:, ::-1],
-    T − 1 − inv). One integer array is one gather (on CuPy one ``take``); ``x[..., rows, perm]``, two
-    arrays, is four kernels there (the counter: 2,038 → 1,870 launches per NDR step, the same bits)."""
+    """The scan order as flat indices into a row-major (T, T) block, on the device of ``like``, made
+    once per length: x.reshape(..., T·T)[..., i] for i in (scan, unscan, scan_back, unscan_back) is
+    x[..., rows, perm], x[..., rows, inv], and the same for the scan from its far end (perm[:,
+    ::-1], T − 1 − inv). One integer array is one gather (on CuPy one ``take``); ``x[..., rows,
+    perm]``, two arrays, is four kernels there (the counter: 2,038 → 1,870 launches per NDR step,
+    the same bits)."""
     key = (T, backend.device_of(like), "scan")
     if key not in _CONSTANTS:
         perm, inv = scan_order(T)
@@ -68,7 +69,8 @@ def scan_indices(T, like):
 
 
 def invalid_keys(key_mask, T, like):
-    """Boolean (B or 1, 1, T, T): True where query i may not attend to key j (the diagonal, padding)."""
+    """Boolean (B or 1, 1, T, T): True where query i may not attend to key j (the diagonal,
+    padding)."""
     invalid = backend.array_module(like).eye(T, dtype=bool)
     return invalid if key_mask is None else invalid | ~key_mask[:, None, None, :]
 
@@ -76,20 +78,21 @@ def invalid_keys(key_mask, T, like):
 class GeometricWeights(Function):
     """A = geometric attention weights of logits z (B, H, T, T), Eq. 7 in log space, as one op.
 
-    With m = log(1 − σ(z)) = −softplus(z) and ℓ = log σ(z) = z + m, log A_ij = ℓ_ij + Σ_{k∈S_ij} m_ik =
-    z_ij + (the sum of m over the keys scanned up to and including j): one cumulative sum in scan order.
-    Backward, with g = ∂L/∂log A = ∂L/∂A ⊙ A: ∂L/∂m_ik is the sum of g over the keys scanned from k on,
-    and ∂m/∂z = −σ(z) = −exp(ℓ). Masked keys get z = F.MASKED: σ = 0, m = 0, A = 0, and a gradient of
-    exactly 0 with no mask in the backward. 7 array operations forward and 8 back; its composed form
-    (``geometric_weights_composed``, below) takes 15 forward and 17 back.
+    With m = log(1 − σ(z)) = −softplus(z) and ℓ = log σ(z) = z + m, log A_ij = ℓ_ij + Σ_{k∈S_ij}
+    m_ik = z_ij + (the sum of m over the keys scanned up to and including j): one cumulative sum in
+    scan order. Backward, with g = ∂L/∂log A = ∂L/∂A ⊙ A: ∂L/∂m_ik is the sum of g over the keys
+    scanned from k on, and ∂m/∂z = −σ(z) = −exp(ℓ). Masked keys get z = F.MASKED: σ = 0, m = 0, A =
+    0, and a gradient of exactly 0 with no mask in the backward. 7 array operations forward and 8
+    back; its composed form (``geometric_weights_composed``, below) takes 15 forward and 17 back.
     """
 
     def __init__(self, invalid, scan_indices):
         self.invalid, self.scan_indices = invalid, scan_indices
 
     def _scan_cumsum(self, x, reverse=False):
-        """Cumulative sum along each query's scan order (from its end if ``reverse``), in key order: x is
-        gathered into scan order (``scan_indices``: one gather each way), summed, and gathered back."""
+        """Cumulative sum along each query's scan order (from its end if ``reverse``), in key order:
+        x is gathered into scan order (``scan_indices``: one gather each way), summed, and gathered
+        back."""
         scan, unscan = self.scan_indices[2:] if reverse else self.scan_indices[:2]
         flat = x.shape[:-2] + (-1,)
         y = backend.array_module(x).cumsum(x.reshape(flat)[..., scan], axis=-1)
@@ -128,7 +131,8 @@ def geometric_weights_composed(z, invalid):
     log_not_p = F.logsigmoid(-z)                                            # m = log(1 − σ(z))
     rows, perm, inv = constants(z.shape[-1], z.data)[:3]
     m_scan = PermuteKeys(rows, perm, inv)(log_not_p)                        # m in scan order
-    blocked_scan = F.cumsum(m_scan, axis=-1) - m_scan                       # Σ of m over earlier keys
+    # Σ of m over earlier keys
+    blocked_scan = F.cumsum(m_scan, axis=-1) - m_scan
     blocked = PermuteKeys(rows, inv, perm)(blocked_scan)                    # back to key order
     return F.exp(log_p + blocked)
 
@@ -151,20 +155,22 @@ def geometric_attention_weights(logits, key_mask=None, normalize=False, invalid=
 
 class DirectionalLogits(Function):
     """z_ij = α q_i·k_j + β D_ij + γ, D_ij = s→_i if j > i else s←_i (Eqs. 9–10), as one op: 5 array
-    operations forward and 4 back, where the composed form (``directional_logits_composed``) takes 7 and
-    ~14. Inputs: qk = q kᵀ (B, H, T, T), s = (s←, s→) (B, H, T, 2), α, β, γ (1,). D_ii = s←_i on the
-    (always masked) diagonal."""
+    operations forward and 4 back, where the composed form (``directional_logits_composed``) takes 7
+    and ~14. Inputs: qk = q kᵀ (B, H, T, T), s = (s←, s→) (B, H, T, 2), α, β, γ (1,). D_ii = s←_i on
+    the (always masked) diagonal."""
 
     def __init__(self, right, sides):
         self.right, self.sides = right, sides
 
     def forward(self, qk, s, alpha, beta, gamma):
         self.qk, self.s, self.alpha, self.beta = qk, s, alpha, beta
-        bs = s * beta + gamma                                           # (B, H, T, 2): β s + γ, small
+        # (B, H, T, 2): β s + γ, small
+        bs = s * beta + gamma
         return alpha * qk + backend.array_module(qk).where(self.right, bs[..., 1:], bs[..., :1])
 
     def backward(self, gz):
-        gbs = (gz[..., None, :] * self.sides).sum(axis=-1)              # (B, H, T, 2): Σ_j over each side
+        # (B, H, T, 2): Σ_j over each side
+        gbs = (gz[..., None, :] * self.sides).sum(axis=-1)
         # α, β, γ get their gradients unreduced: the engine sums them to shape (1,)
         return gz * self.alpha, gbs * self.beta, gz * self.qk, gbs * self.s, gbs
 
@@ -176,7 +182,8 @@ def directional_logits_composed(qk, s, alpha, beta, gamma, right):
 
 
 class GeometricAttention(Module):
-    """Multi-head geometric attention with the directional term (docs/ndr.md §3). Letters follow the paper."""
+    """Multi-head geometric attention with the directional term (docs/ndr.md §3). Letters follow the
+    paper."""
 
     last_weights = None
 
@@ -184,19 +191,24 @@ class GeometricAttention(Module):
         rng = rng or np.random.default_rng(0)
         self.n_head, self.d_head = n_head, head_size(d_model, n_head)
         self.normalize = normalize
-        bound = math.sqrt(6.0 / (d_model + self.d_head))  # the code's init: fans (d, d_h) for every matrix
-        self.w_qkv = Parameter(uniform(rng, (d_model, 3 * d_model), bound))   # [W_q | W_k | W_v], no bias
+        # the code's init: fans (d, d_h) for every matrix
+        bound = math.sqrt(6.0 / (d_model + self.d_head))
+        # [W_q | W_k | W_v], no bias
+        self.w_qkv = Parameter(uniform(rng, (d_model, 3 * d_model), bound))
         self.b_q = Parameter(np.zeros((n_head, 1, self.d_head), backend.DEFAULT_DTYPE))
-        self.direction = Linear(d_model, 2 * n_head, rng=rng)                # W_s, b_s: (s←, s→) per head
+        # W_s, b_s: (s←, s→) per head
+        self.direction = Linear(d_model, 2 * n_head, rng=rng)
         self.w_o = Parameter(uniform(rng, (d_model, d_model), bound))
         self.alpha = Parameter(np.array([1 / math.sqrt(self.d_head)], backend.DEFAULT_DTYPE))
         self.beta = Parameter(np.ones(1, backend.DEFAULT_DTYPE))
         self.gamma = Parameter(np.zeros(1, backend.DEFAULT_DTYPE))
         self.key_dropout = Dropout(attention_dropout)
-        self.no_kv_bias = np.zeros(2 * d_model, backend.DEFAULT_DTYPE)      # a buffer: k and v have no bias
+        # a buffer: k and v have no bias
+        self.no_kv_bias = np.zeros(2 * d_model, backend.DEFAULT_DTYPE)
 
     def in_projection(self):
-        """[W_q | W_k | W_v | W_s] and [b_q | 0 | 0 | b_s]: q, k, v and s read the same x, so one matmul."""
+        """[W_q | W_k | W_v | W_s] and [b_q | 0 | 0 | b_s]: q, k, v and s read the same x, so one
+        matmul."""
         return (F.concat([self.w_qkv, self.direction.weight], axis=1),
                 F.concat([self.b_q.reshape(-1), self.no_kv_bias, self.direction.bias]))
 
@@ -205,9 +217,11 @@ class GeometricAttention(Module):
         H, dh = self.n_head, self.d_head
         W, b = self.once("in_projection", self.in_projection)
         y = F.linear(x, W, b)                                                     # (B, T, 3C + 2H)
-        q, k, v = (F.split_heads(y, i * C, H, dh) for i in range(3))              # (B, H, T, dh) each
+        # (B, H, T, dh) each
+        q, k, v = (F.split_heads(y, i * C, H, dh) for i in range(3))
         k = self.key_dropout(k)
-        s = F.split_heads(y, 3 * C, H, 2)                                         # (B, H, T, 2): (s←, s→)
+        # (B, H, T, 2): (s←, s→)
+        s = F.split_heads(y, 3 * C, H, 2)
         rows, perm, inv, right, sides = constants(T, x.data)
         qk = q @ k.swapaxes(-1, -2)                                               # (B, H, T, T)
         if not is_plain():
@@ -222,7 +236,8 @@ class GeometricAttention(Module):
         return (y, A) if return_weights else y
 
     def _invalid(self, key_mask, T, like):
-        """invalid_keys, kept while the same key_mask comes back (a shared layer applied n times)."""
+        """invalid_keys, kept while the same key_mask comes back (a shared layer applied n
+        times)."""
         key = (T, backend.device_of(like))
         cached = vars(self).get("_invalid_cache")
         if cached is None or cached[0] is not key_mask or cached[1] != key:

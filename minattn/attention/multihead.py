@@ -18,7 +18,8 @@ from .. import backend
 from .. import functional as F
 from ..nn import Dropout, Linear, Module, Parameter, head_size, keras_fans, xavier_uniform
 
-INITS = ("default", "keras")   # how the Abstractor-family models draw their kernels (docs/abstractor.md §5.1)
+# how the Abstractor-family models draw their kernels (docs/abstractor.md §5.1)
+INITS = ("default", "keras")
 
 
 def check_init(init):
@@ -61,9 +62,12 @@ class MultiHeadAttention(Module):
         self.n_head, self.d_head = n_head, d_head or head_size(d_model, n_head)
         inner = n_head * self.d_head
         keras = init == "keras"
-        qkv_fans = keras_fans((d_model, n_head, self.d_head)) if keras else None   # W_q, W_k, W_v alike
-        self.w_q = Parameter(xavier_uniform(rng, *(qkv_fans or (d_model, inner)), shape=(d_model, inner)))
-        self.w_kv = Parameter(xavier_uniform(rng, *(qkv_fans or (d_model, 2 * inner)),   # fused [W_k | W_v]
+        # W_q, W_k, W_v alike
+        qkv_fans = keras_fans((d_model, n_head, self.d_head)) if keras else None
+        self.w_q = Parameter(xavier_uniform(rng, *(qkv_fans or (d_model, inner)),
+                                            shape=(d_model, inner)))
+        # fused [W_k | W_v]
+        self.w_kv = Parameter(xavier_uniform(rng, *(qkv_fans or (d_model, 2 * inner)),
                                              shape=(d_model, 2 * inner)))
         self.b_q = Parameter(np.zeros(inner, backend.DEFAULT_DTYPE)) if bias else None
         self.b_kv = Parameter(np.zeros(2 * inner, backend.DEFAULT_DTYPE)) if bias else None
@@ -102,7 +106,8 @@ class MultiHeadAttention(Module):
         B, T, C = x.shape
         H, dh = self.n_head, self.d_head
         q, k, v = self.project(x, context, kv)
-        logits = (q @ k.swapaxes(-1, -2)) * (1.0 / math.sqrt(dh))                               # (B, H, T, S)
+        # (B, H, T, S)
+        logits = (q @ k.swapaxes(-1, -2)) * (1.0 / math.sqrt(dh))
         A = masked_softmax(logits, key_mask, causal)
         if self.record:  # kept for analysis and plots (see UniversalEncoder's trace)
             self.last_weights = A

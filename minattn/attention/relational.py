@@ -47,7 +47,8 @@ class RelationalCrossAttention(Module):
     reference code's Keras layer does (docs/abstractor.md §5.1)."""
     last_weights = None
 
-    def __init__(self, d_model, n_head, d_head=None, d_symbol=None, activation="softmax", symmetric=False,
+    def __init__(self, d_model, n_head, d_head=None, d_symbol=None, activation="softmax",
+                 symmetric=False,
                  scale="sqrt", attention_dropout=0.0, rng=None, init="default"):
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown relation activation {activation!r}; use one of "
@@ -61,7 +62,8 @@ class RelationalCrossAttention(Module):
         self.scale = 1 / math.sqrt(self.d_head) if scale == "sqrt" else 1.0
         inner, n_proj = n_head * self.d_head, 1 if symmetric else 2
         d_symbol = d_symbol or d_model
-        if init == "keras":   # Keras' kernels: (d, H, d_head) for q, k and v, (H, d_head, d_symbol) for o
+        # Keras' kernels: (d, H, d_head) for q, k and v, (H, d_head, d_symbol) for o
+        if init == "keras":
             qk_fans = keras_fans((d_model, n_head, self.d_head))
             v_fans = keras_fans((d_symbol, n_head, self.d_head))
             o_fans = keras_fans((n_head, self.d_head, d_symbol))
@@ -82,14 +84,16 @@ class RelationalCrossAttention(Module):
         B, T, C = x.shape
         n_proj = 1 if self.symmetric else 2
         qk = (x.reshape(B * T, C) @ self.w_qk + self.b_qk).reshape(B, T, n_proj, self.n_head, self.d_head)
-        qk = qk.transpose(2, 0, 3, 1, 4)                                           # (n_proj, B, H, T, d_head)
+        # (n_proj, B, H, T, d_head)
+        qk = qk.transpose(2, 0, 3, 1, 4)
         q, k = qk[0], qk[n_proj - 1]
         return (q @ k.swapaxes(-1, -2)) * self.scale
 
     def weights(self, x, key_mask=None, causal=False):
         """σ_rel(relations) with the masks applied, (B, H, T, T)."""
         if causal and self.activation != "softmax":
-            raise ValueError(f"causal masking needs activation='softmax' (got {self.activation!r}): the "
+            raise ValueError(f"causal masking needs activation='softmax' (got "
+                             f"{self.activation!r}): the "
                              "Abstractor's causal RCA is softmax RCA (docs/abstractor.md §1.2)")
         T = x.shape[1]
         mask = attention_mask(key_mask, T, T, causal, x.data)
@@ -103,7 +107,8 @@ class RelationalCrossAttention(Module):
         A = self.weights(x, key_mask, causal)
         B, T, D = symbols.shape
         v = (symbols.reshape(B * T, D) @ self.w_v + self.b_v).reshape(B, T, self.n_head, self.d_head)
-        y = self.dropout(A) @ v.transpose(0, 2, 1, 3)                              # (B, H, T, d_head)
+        # (B, H, T, d_head)
+        y = self.dropout(A) @ v.transpose(0, 2, 1, 3)
         y = self.out(y.transpose(0, 2, 1, 3).reshape(B, T, self.n_head * self.d_head))
         return (y, A) if return_weights else y
 
@@ -126,7 +131,8 @@ class PositionRelativeRCA(RelationalCrossAttention):
         B, T, _ = x.shape
         H, dh, R = self.n_head, self.d_head, self.max_offset
         xp = backend.array_module(x.data)
-        offset = xp.clip(xp.arange(T)[None, :] - xp.arange(T)[:, None], -R, R) + R   # (T, T): row i, column j
+        # (T, T): row i, column j
+        offset = xp.clip(xp.arange(T)[None, :] - xp.arange(T)[:, None], -R, R) + R
         # (H,T,T,dh)
         V = (self.table @ self.w_v + self.b_v).reshape(2 * R + 1, H, dh).transpose(1, 0, 2)[:, offset]
         # Batch over (head, query i): (H, T, B, T_j) @ (H, T, T_j, dh) sums α[i, j] V[i, j] over j.
@@ -145,7 +151,8 @@ class SimplifiedRCA(Module):
     (d_model, 2·d_r·d_k) matrix."""
     last_weights = None
 
-    def __init__(self, d_model, n_relations, d_key, d_symbol=None, activation="softmax", symmetric=False,
+    def __init__(self, d_model, n_relations, d_key, d_symbol=None, activation="softmax",
+                 symmetric=False,
                  bias=False, rng=None, init="default"):
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown relation activation {activation!r}; use one of "
@@ -159,9 +166,11 @@ class SimplifiedRCA(Module):
         self.n_relations, self.d_key = n_relations, d_key
         self.activation, self.symmetric = activation, symmetric
         qk_fans = (d_model, d_key) if init == "keras" else (d_model, n_proj * n_relations * d_key)
-        self.w_qk = Parameter(xavier_uniform(rng, *qk_fans, shape=(d_model, n_proj * n_relations * d_key)))
+        self.w_qk = Parameter(xavier_uniform(rng, *qk_fans,
+                                             shape=(d_model, n_proj * n_relations * d_key)))
         self.b_qk = Parameter(_zeros(n_proj * n_relations * d_key)) if bias else None
-        self.w_p = Parameter(xavier_uniform(rng, d_symbol, d_out, shape=(n_relations, d_symbol, d_out)))
+        self.w_p = Parameter(xavier_uniform(rng, d_symbol, d_out,
+                                            shape=(n_relations, d_symbol, d_out)))
         self.b_p = Parameter(np.zeros((n_relations, 1, d_out), backend.DEFAULT_DTYPE))
 
     def forward(self, x, symbols, key_mask=None):
@@ -171,10 +180,13 @@ class SimplifiedRCA(Module):
         qk = x.reshape(B * T, C) @ self.w_qk
         if self.b_qk is not None:
             qk = qk + self.b_qk
-        qk = qk.reshape(B, T, n_proj, Dr, dk).transpose(2, 0, 3, 1, 4)            # (n_proj, B, d_r, T, d_k)
+        # (n_proj, B, d_r, T, d_k)
+        qk = qk.reshape(B, T, n_proj, Dr, dk).transpose(2, 0, 3, 1, 4)
         R = qk[0] @ qk[n_proj - 1].swapaxes(-1, -2)                                 # (B, d_r, T, T)
-        A = relation_activation(R, self.activation, None if key_mask is None else key_mask[:, None, None, :])
+        A = relation_activation(R, self.activation,
+                                None if key_mask is None else key_mask[:, None, None, :])
         if self.record:
             self.last_weights = A
-        y = (A @ symbols[:, None]) @ self.w_p + self.b_p                            # (B, d_r, T, d_s / d_r)
+        # (B, d_r, T, d_s / d_r)
+        y = (A @ symbols[:, None]) @ self.w_p + self.b_p
         return y.transpose(0, 2, 1, 3).reshape(B, T, -1)

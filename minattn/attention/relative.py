@@ -33,7 +33,8 @@ class RelativeMultiHeadAttention(Module):
         self.d_model, self.n_head, self.d_head = d_model, n_head, head_size(d_model, n_head)
         self.w_q = Parameter(xavier_uniform(rng, d_model, d_model))
         self.w_kv = Parameter(xavier_uniform(rng, d_model, 2 * d_model))   # fused [W_k | W_v]
-        self.w_r = Parameter(xavier_uniform(rng, d_model, d_model))        # W_R: positions -> per-head keys
+        # W_R: positions -> per-head keys
+        self.w_r = Parameter(xavier_uniform(rng, d_model, d_model))
         self.u = Parameter(np.zeros((n_head, 1, self.d_head), backend.DEFAULT_DTYPE))
         self.v = Parameter(np.zeros((n_head, 1, self.d_head), backend.DEFAULT_DTYPE))
         self.alpha = Parameter(np.array([1 / math.sqrt(self.d_head)], backend.DEFAULT_DTYPE))
@@ -67,12 +68,14 @@ class RelativeMultiHeadAttention(Module):
         # (b)+(d): (B, H, T, T)
         position = rel_shift(qv @ r.swapaxes(-1, -2))
         if self.abs_gate is not None:
-            r_abs = r[:, T - 1:]                                  # offsets 0..T−1 = absolute positions j
+            # offsets 0..T−1 = absolute positions j
+            r_abs = r[:, T - 1:]
             # (B, H, T, T)
             absolute = qv @ r_abs.swapaxes(-1, -2)
             # (B, H, T, 1)
             g = F.sigmoid(self.abs_gate(x)).transpose(0, 2, 1)[..., None]
-            position = g * position + (1 - g) * absolute                                        # (e)
+            # (e)
+            position = g * position + (1 - g) * absolute
         A = masked_softmax(self.alpha * (content + position), key_mask, causal)
         if self.record:  # kept for analysis and plots (see UniversalEncoder's trace)
             self.last_weights = A

@@ -6,22 +6,23 @@ Every task is generated in code from a seed (no downloads) and holds fixed data:
     task.name                             the --task name (names as in the papers)
     task.splits                           {split name: split}, e.g. train, iid, valid, test
     len(split)                            its number of examples
-    split.lines                           its examples as text, one line each (what ``tasks.py export`` writes)
-    split.describe()                      a one-line summary after the size (what ``tasks.py stats`` prints)
-    task.export_files()                   {file name: lines}: one file per split (+ objects.tsv for object tasks)
+    split.lines                           its examples as text, one line each (``tasks.py export``)
+    split.describe()                      a one-line summary after the size (``tasks.py stats``)
+    task.export_files()                   {file name: lines}: a file per split (+ objects.tsv: objects)
 
 Training batches come in one shape: ``batches(batch_size, rng, ...)``, an endless generator of host
 batches that is a pure function of ``rng``, on what holds the training data. On top of that, each
 kind of task carries what its models read; the recipes (minattn/lab/recipes/) use these directly:
 
-    kind (module)                         tasks                     a split holds             batches from
-    token classification (ndr, listops)   ctl, ctl-backward,        inputs (Ragged), labels,  split.batches(B, rng, mode)
-                                          arith, listops            depths; task.vocab        (eval: eval_batches(split, B))
-    sequence to sequence (seq2attn, coda) lookup, scan, mlu         inputs, targets (Ragged), split.batches(B, rng, mode)
-                                                                    lines; in/out_vocab       (eval: split.eval_batches(B))
-    objects (abstractor)                  sort, pairwise, set       index, labels;            split.batches(B, rng)
-                                                                    task.objects              (Keras-style epochs)
-    retrieval (compositional)             retrieval                 a seeded sample per pool  task.batches(B, rng, pool)
+    kind (module)            tasks               a split holds              batches from
+    token classification     ctl, ctl-backward,  inputs (Ragged), labels,   split.batches(B, rng, mode)
+      (ndr, listops)         arith, listops      depths; task.vocab         (eval: eval_batches(split, B))
+    sequence to sequence     lookup, scan, mlu   inputs, targets (Ragged),  split.batches(B, rng, mode)
+      (seq2attn, coda)                           lines; in/out_vocab        (eval: split.eval_batches(B))
+    objects (abstractor)     sort, pairwise, set index, labels;             split.batches(B, rng)
+                                                 task.objects               (Keras-style epochs)
+    retrieval                retrieval           a seeded sample per pool   task.batches(B, rng, pool)
+      (compositional)
 
 ``retrieval`` has no fixed data (each training step draws a fresh batch), so its splits are seeded
 samples of its three pools made only when read. Nothing in this package imports tasks.py or
@@ -45,7 +46,8 @@ __all__ = ["TASKS", "get_task", "Task", "Ragged",
            "ObjectSplit", "SortTask", "PairwiseOrderTask", "SetTask", "epoch_batches", "is_set",  # objects
            "RetrievalTask"]
 
-TASKS = {"ctl": CTLTask, "ctl-backward": CTLBackwardTask, "arith": ArithTask, "listops": ListOpsTask,
+TASKS = {"ctl": CTLTask, "ctl-backward": CTLBackwardTask, "arith": ArithTask,
+         "listops": ListOpsTask,
          "lookup": LookupTask, "scan": ScanTask, "retrieval": RetrievalTask,
          "sort": SortTask, "pairwise": PairwiseOrderTask, "set": SetTask, "mlu": MLUTask}
 

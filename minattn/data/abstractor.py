@@ -43,7 +43,8 @@ class ObjectSplit:
         """n samples drawn without replacement (one trial's training set), in their original
         order."""
         if not 1 <= n <= len(self):
-            raise ValueError(f"train size {n} is out of range: the train pool has {len(self)} samples")
+            raise ValueError(f"train size {n} is out of range: the train pool has {len(self)} "
+                             "samples")
         return self.subset(np.sort(rng.choice(len(self), n, replace=False)))
 
     def batches(self, batch_size: int, rng: np.random.Generator):
@@ -182,7 +183,8 @@ class SetTask(ObjectTask):
     name = "set"
     CARDS = ("onehot", "random64")
 
-    def __init__(self, seed: int = 0, cache_dir=None, cards: str = "onehot", n_triples: int = 10_000,
+    def __init__(self, seed: int = 0, cache_dir=None, cards: str = "onehot",
+                 n_triples: int = 10_000,
                  check_negatives: bool = True):
         if cards not in self.CARDS:
             raise ValueError(f"unknown card encoding {cards!r}; use one of {', '.join(self.CARDS)}")
@@ -193,14 +195,18 @@ class SetTask(ObjectTask):
         rng = rng_for(seed, "set")
         n_pos = n_triples // 2
         pairs = np.argsort(rng.random((n_pos, 81)), axis=1)[:, :2]
-        third = (-attrs[pairs].sum(axis=1)) % 3 @ np.array([27, 9, 3, 1])       # the card completing the SET
+        # the card completing the SET
+        third = (-attrs[pairs].sum(axis=1)) % 3 @ np.array([27, 9, 3, 1])
         negatives = np.empty((0, 3), np.int64)
-        while len(negatives) < n_triples - n_pos:                                   # rejection sampling
+        # rejection sampling
+        while len(negatives) < n_triples - n_pos:
             draw = np.argsort(rng.random((n_triples, 81)), axis=1)[:, :3]
-            negatives = np.concatenate([negatives, draw[~is_set(attrs[draw])] if check_negatives else draw])
+            negatives = np.concatenate([negatives,
+                                        draw[~is_set(attrs[draw])] if check_negatives else draw])
         index = np.concatenate([np.column_stack([pairs, third]), negatives[:n_triples - n_pos]])
         # shuffle cards
         index = np.take_along_axis(index, np.argsort(rng.random(index.shape), axis=1), axis=1)
         labels = np.repeat(np.array([1, 0]), [n_pos, n_triples - n_pos])
         n = n_triples
-        self.splits = _object_splits(rng, index, labels, {"test": n // 5, "valid": n // 10, "train": None})
+        self.splits = _object_splits(rng, index, labels,
+                                     {"test": n // 5, "valid": n // 10, "train": None})

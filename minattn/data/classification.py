@@ -33,7 +33,8 @@ import numpy as np
 
 from .base import Ragged, Task
 
-FORMAT_VERSION = 1  # bump whenever a generator or the file layout changes: old cache files are ignored
+# bump whenever a generator or the file layout changes: old cache files are ignored
+FORMAT_VERSION = 1
 
 
 @dataclass
@@ -44,7 +45,8 @@ class ClassificationSplit:
     labels: np.ndarray      # (N,) int64 class ids
     depths: np.ndarray      # (N,) int64 depth in the paper's convention (number of operations)
     vocab_size: int = None  # V of the task (EOS = V, SOS = V + 1); set by the task
-    vocab: list = None      # the task's input tokens and class names (set by the task), for ``lines``
+    # the task's input tokens and class names (set by the task), for ``lines``
+    vocab: list = None
     classes: list = None
 
     def __len__(self):
@@ -59,7 +61,8 @@ class ClassificationSplit:
     def describe(self) -> str:
         hist = ", ".join(f"{d}: {c}" for d, c in zip(*np.unique(self.depths, return_counts=True)))
         n = self.inputs.lengths
-        majority = np.bincount(self.labels).max() / len(self)   # what always answering one class scores
+        # what always answering one class scores
+        majority = np.bincount(self.labels).max() / len(self)
         return f"samples, {n.min()}-{n.max()} tokens, paper depth {{{hist}}}, majority class {majority:.3f}"
 
     def batches(self, batch_size: int, rng: np.random.Generator, mode: str = "bucketed"):
@@ -82,7 +85,8 @@ class ClassificationTask(Task):
     def __init__(self, seed: int = 0, cache_dir=None):
         self.seed = seed
         self._index = {t: i for i, t in enumerate(self.vocab)}
-        params = {"seed": seed, "vocab": list(self.vocab), "classes": list(self.classes), **self._params()}
+        params = {"seed": seed, "vocab": list(self.vocab), "classes": list(self.classes),
+                  **self._params()}
         self.splits = load_or_generate(self.cache_key or self.name, params, self._generate, cache_dir)
         for s in self.splits.values():
             s.vocab_size, s.vocab, s.classes = len(self.vocab), self.vocab, self.classes
@@ -101,7 +105,8 @@ class ClassificationTask(Task):
         ids = []
         for tok in self.tokenize(text):
             if tok not in self._index:
-                raise ValueError(f"{self.name}: unknown token {tok!r} (vocabulary: {' '.join(self.vocab)})")
+                raise ValueError(f"{self.name}: unknown token {tok!r} (vocabulary: "
+                                 f"{' '.join(self.vocab)})")
             ids.append(self._index[tok])
         return np.array(ids, dtype=np.int64)
 
@@ -112,7 +117,8 @@ class ClassificationTask(Task):
 
     def __repr__(self):
         sizes = ", ".join(f"{k}={len(v)}" for k, v in self.splits.items())
-        return (f"<{type(self).__name__} {self.name!r}: V={len(self.vocab)}, {len(self.classes)} classes, "
+        return (f"<{type(self).__name__} {self.name!r}: V={len(self.vocab)}, {len(self.classes)} "
+                "classes, "
                 f"{sizes}>")
 
 
@@ -146,7 +152,8 @@ def _collate_ragged(inputs: Ragged, idx, V: int):
     x = np.zeros((B, n.max(initial=0) + 2), dtype=np.int64)
     x[:, 0] = V + 1
     rows = np.repeat(np.arange(B), n)
-    cols = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)        # position inside each sequence
+    # position inside each sequence
+    cols = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)
     x[rows, cols + 1] = inputs.tokens[np.repeat(inputs.offsets[idx], n) + cols]
     x[np.arange(B), n + 1] = V
     return x, n + 2
@@ -159,7 +166,8 @@ def _vocab_size(split: ClassificationSplit, V):
     return V
 
 
-def batches(split: ClassificationSplit, batch_size: int, rng: np.random.Generator, mode: str = "bucketed",
+def batches(split: ClassificationSplit, batch_size: int, rng: np.random.Generator,
+            mode: str = "bucketed",
             V: int = None):
     """Endless training batches (x, lengths, y) of exactly batch_size samples (layout: see collate).
 
@@ -173,7 +181,8 @@ def batches(split: ClassificationSplit, batch_size: int, rng: np.random.Generato
     ValueError here, not at the first batch.
     """
     if mode not in ("bucketed", "random", "balanced", "stratified"):
-        raise ValueError(f"unknown batching mode {mode!r} (valid: bucketed, random, balanced, stratified)")
+        raise ValueError(f"unknown batching mode {mode!r} (valid: bucketed, random, balanced, "
+                         "stratified)")
     if batch_size < 1:
         raise ValueError(f"batch size must be ≥ 1, got {batch_size}")
     if mode == "bucketed" and len(split) < batch_size:
@@ -192,7 +201,8 @@ def _batches(split, batch_size, rng, mode, V):
         # Not in the papers: cpu-budget choices. Depths are drawn uniformly, so shallow samples (1%
         # of CTL's train split) are seen as often as deep ones: one depth per batch ("balanced"), or
         # one per sample ("stratified": every batch mixes depths, padded to its deepest sample).
-        by_depth = np.argsort(split.depths, kind="stable")                 # sample indices, grouped by depth
+        # sample indices, grouped by depth
+        by_depth = np.argsort(split.depths, kind="stable")
         sizes = np.unique(split.depths, return_counts=True)[1]
         starts = np.cumsum(sizes) - sizes
         while True:
@@ -202,14 +212,16 @@ def _batches(split, batch_size, rng, mode, V):
     lengths = as_ragged.lengths                                           # mode "bucketed"
     n_batches = N // batch_size
     while True:
-        perm = rng.permutation(N)[:n_batches * batch_size]                # shuffle, drop the remainder
+        # shuffle, drop the remainder
+        perm = rng.permutation(N)[:n_batches * batch_size]
         perm = perm[np.argsort(lengths[perm], kind="stable")]             # stable sort by length
         for b in rng.permutation(n_batches):                              # batches in random order
             idx = perm[b * batch_size:(b + 1) * batch_size]
             yield (*_collate_ragged(as_ragged, idx, V), labels[idx])
 
 
-def eval_batches(split: ClassificationSplit, batch_size: int, V: int = None, return_index: bool = False):
+def eval_batches(split: ClassificationSplit, batch_size: int, V: int = None,
+                 return_index: bool = False):
     """One deterministic pass over the split: (x, lengths, y) batches in order of input length
     (stable), the last one partial. With return_index=True each batch also carries the sample
     indices (e.g. to look up split.depths for per-depth accuracy)."""
@@ -270,7 +282,8 @@ def _save(path: str, meta: str, splits: dict):
     arrays = {"meta": np.array(meta), "splits": np.array(json.dumps(list(splits)))}
     for k, s in splits.items():
         inputs = s.inputs if isinstance(s.inputs, Ragged) else Ragged.from_list(list(s.inputs))
-        arrays[f"{k}.tokens"] = inputs.tokens.astype(np.uint8)   # every vocabulary here has < 256 tokens
+        # every vocabulary here has < 256 tokens
+        arrays[f"{k}.tokens"] = inputs.tokens.astype(np.uint8)
         arrays[f"{k}.offsets"] = inputs.offsets
         arrays[f"{k}.labels"] = s.labels
         arrays[f"{k}.depths"] = s.depths

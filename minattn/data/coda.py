@@ -22,7 +22,8 @@ def mlu_strings(keys: np.ndarray):
     u, w = np.where(uw // 2 == 0, x, y), np.where(uw % 2 == 0, x, y)
     expr = np.char.add(np.char.add(np.array(["x", "y"])[uw // 2], np.array(["+", "-", "*"])[op]),
                        np.array(["x", "y"])[uw % 2])
-    inputs = np.char.add(np.char.add(np.where(order == 0, sx, sy), ","), np.where(order == 0, sy, sx))
+    inputs = np.char.add(np.char.add(np.where(order == 0, sx, sy), ","),
+                         np.where(order == 0, sy, sx))
     inputs = np.char.add(np.char.add(inputs, ","), expr)
     targets = np.choose(op, [u + w, u - w, u * w]).astype(str)
     return (inputs.astype(f"U{np.char.str_len(inputs).max(initial=1)}"),
@@ -33,8 +34,10 @@ def _char_ids(strings: np.ndarray, vocab: list, end: int = None) -> Ragged:
     """The characters of each string as ids in ``vocab`` (single characters), optionally followed by
     ``end``."""
     n = len(strings)
-    codes = np.zeros((n, strings.dtype.itemsize // 4 + 1), np.uint32)     # one spare column for ``end``
-    codes[:, :-1] = strings.view(np.uint32).reshape(n, -1)                 # unicode code points, 0-padded
+    # one spare column for ``end``
+    codes = np.zeros((n, strings.dtype.itemsize // 4 + 1), np.uint32)
+    # unicode code points, 0-padded
+    codes[:, :-1] = strings.view(np.uint32).reshape(n, -1)
     lengths = (codes != 0).sum(axis=1)
     lut = np.zeros(128, np.int64)
     lut[[ord(c) for c in vocab if len(c) == 1]] = [i for i, c in enumerate(vocab) if len(c) == 1]
@@ -52,7 +55,8 @@ class MLUTask(Seq2SeqTask):
     with u, w ∈ {x, y} and op ∈ {+, −, *}, each uniform; the answer is the exact integer, character
     by character:
 
-        "x=85,y=-523,x*y"  →  "-44455" <eos>         (in_vocab ids 11 13 9 6 14 ...; out_vocab ids 13 7 7 7 8 8 2)
+        "x=85,y=-523,x*y"  →  "-44455" <eos>
+        (in_vocab ids 11 13 9 6 14 ...; out_vocab ids 13 7 7 7 8 8 2)
 
     Every choice is uniform, so an example is a uniform key in [0, 96M) (``MLU_SHAPE``). Keys are
     drawn in fixed chunks from the seed and deduplicated (same key = same input string) in order of
@@ -80,7 +84,8 @@ class MLUTask(Seq2SeqTask):
         rng, keys = rng_for(seed, "mlu"), np.empty(0, np.int64)
         while len(keys) < total:
             keys = np.concatenate([keys, rng.integers(0, np.prod(MLU_SHAPE), chunk)])
-            keys = keys[np.sort(np.unique(keys, return_index=True)[1])]          # first appearances, in order
+            # first appearances, in order
+            keys = keys[np.sort(np.unique(keys, return_index=True)[1])]
         self.splits, start = {}, 0
         for name, size in sizes.items():
             inputs, targets = mlu_strings(keys[start:start + size])

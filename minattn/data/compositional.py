@@ -8,7 +8,8 @@ from .base import Task, rng_for
 
 # α_s weights search s in the label (Eq. 15): drawn once from U(−1, 1) by the paper's code
 # (docs/compositional.md §7).
-RETRIEVAL_ALPHAS = (-0.71347752, -0.6062312, 0.66062073, -0.61213017, -0.82631877, 0.75908621, -0.36274866,
+RETRIEVAL_ALPHAS = (-0.71347752, -0.6062312, 0.66062073, -0.61213017, -0.82631877, 0.75908621,
+                    -0.36274866,
                     0.84383333)
 
 
@@ -20,9 +21,11 @@ def retrieval_combinations(searches: int, retrievals: int):
     test; then the first test tuples move to train until it holds floor(0.8 · all). For (2, 4): 12
     train tuples, test (2,1), (2,3), (3,1), (3,3) (paper Table 5).
     """
-    combos = np.indices((retrievals,) * searches).reshape(searches, -1).T    # = itertools.product order
+    # = itertools.product order
+    combos = np.indices((retrievals,) * searches).reshape(searches, -1).T
     train, test = combos[0::2], combos[1::2]
-    move = max(0, 4 * len(combos) // 5 - len(train))                          # floor(0.8·|all|) in integers
+    # floor(0.8·|all|) in integers
+    move = max(0, 4 * len(combos) // 5 - len(train))
     return np.concatenate([train, test[:move]]), test[move:]
 
 
@@ -59,14 +62,17 @@ class RetrievalTask(Task):
                  cache_dir=None, n_export: int = 1_000):
         # cache_dir: accepted for get_task's interface; nothing is cached.
         if not 1 <= searches <= len(RETRIEVAL_ALPHAS):
-            raise ValueError(f"searches must be in 1..{len(RETRIEVAL_ALPHAS)} (one α each), got {searches}")
+            raise ValueError(f"searches must be in 1..{len(RETRIEVAL_ALPHAS)} (one α each), got "
+                             f"{searches}")
         if retrievals < 1 or n_objects < 2:
-            raise ValueError(f"need retrievals ≥ 1 and n_objects ≥ 2 (a neighbour other than oneself), "
+            raise ValueError(f"need retrievals ≥ 1 and n_objects ≥ 2 (a neighbour other than "
+                             "oneself), "
                              f"got {retrievals} and {n_objects}")
         self.searches, self.retrievals, self.n_objects = searches, retrievals, n_objects
         self.in_dim = searches + retrievals + searches * retrievals
         self.alphas = np.array(RETRIEVAL_ALPHAS[:searches])
-        self._combos = None  # the OOD split, made on first use (R^S tuples: IID mode never needs it)
+        # the OOD split, made on first use (R^S tuples: IID mode never needs it)
+        self._combos = None
         self.splits = {pool: RetrievalSample(self, pool, n_export, seed) for pool in self.pools}
 
     def combinations(self, pool: str) -> np.ndarray:
@@ -74,7 +80,8 @@ class RetrievalTask(Task):
             combos = retrieval_combinations(self.searches, self.retrievals)
             self._combos = dict(zip(("train", "test"), combos))
         if not len(self._combos[pool]):
-            raise ValueError(f"searches={self.searches}, retrievals={self.retrievals} leave no held-out "
+            raise ValueError(f"searches={self.searches}, retrievals={self.retrievals} leave no "
+                             "held-out "
                              "combination for the OOD test pool")
         return self._combos[pool]
 

@@ -120,7 +120,8 @@ class _ListOpsDraws:
             val[w], td[w], dd[w], ln[w] = _apply_ops(op, total, args(aval, val), args(atd, td),
                                                      args(add, dd), args(aln, ln))
             self.wraps.append((w, nn, pos, op, levels, np.cumsum(nn) - nn))
-        assert np.array_equal(ln, length)  # cut-short draws: the computed length is the bound, > max_len
+        # cut-short draws: the computed length is the bound, > max_len
+        assert np.array_equal(ln, length)
         self.value, self.tree_depth, self.dep_depth, self.length = val, td, dd, ln
         self._lists = {}
 
@@ -144,12 +145,14 @@ class _ListOpsDraws:
 
     def tokens(self, i: int) -> list:
         """Input ids of draw i (prefix order, as in "[MED 4 8 5 [MAX 8 4 9 ] ]")."""
-        rounds = []                                    # (op, #fresh args, position, first arg, levels)
+        # (op, #fresh args, position, first arg, levels)
+        rounds = []
         for w, nn, pos, op, levels, first in self.wraps:
             j = int(np.searchsorted(w, i))
             if j == len(w) or w[j] != i:
                 break
-            rounds.append((int(op[j]), int(nn[j]), int(pos[j]), int(first[j]), self._level_lists(levels)))
+            rounds.append((int(op[j]), int(nn[j]), int(pos[j]), int(first[j]),
+                           self._level_lists(levels)))
         out = []
         self._emit_rounds(rounds, len(rounds) - 1, i, out)
         return out
@@ -204,7 +207,8 @@ class ListOpsTask(ClassificationTask):
         super().__init__(seed, cache_dir)
 
     def _params(self):
-        return {"splits": self.SPLITS, "sizes": self.sizes, "p_op": self.p_op, "max_args": self.max_args,
+        return {"splits": self.SPLITS, "sizes": self.sizes, "p_op": self.p_op,
+                "max_args": self.max_args,
                 "max_length": self.max_length, "chunk": self.CHUNK, "sampler": 1}
 
     def sample_set(self, split: str, lo: int, hi: int, n: int):
@@ -217,11 +221,13 @@ class ListOpsTask(ClassificationTask):
         seen, seqs, values, deps = set(), [], [], []
         with tqdm(total=n, desc=f"listops {split}", disable=None, leave=False) as bar:
             while len(seqs) < n:
-                draws = _ListOpsDraws(rng, self.CHUNK, lo, hi, self.p_op, self.max_args, self.max_length)
+                draws = _ListOpsDraws(rng, self.CHUNK, lo, hi, self.p_op, self.max_args,
+                                      self.max_length)
                 ok = (draws.length <= self.max_length) & (draws.dep_depth >= lo) & (draws.dep_depth <= hi)
                 for i in np.flatnonzero(ok).tolist():
                     d = int(draws.dep_depth[i])
-                    if left[d] == 0:             # bin full (checked first: building the string costs more)
+                    # bin full (checked first: building the string costs more)
+                    if left[d] == 0:
                         continue
                     key = bytes(draws.tokens(i))
                     if key in seen:              # duplicate string

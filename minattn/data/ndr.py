@@ -64,7 +64,8 @@ class CTLTask(ClassificationTask):
 
     def _params(self):
         return {"rng": CTL_SEED, "n_tables": 11, "n_composed": self.N_COMPOSED, "max_depth": 5,
-                "reserve_max": 200, "iid_pool": 61_136, "n_test_iid": 4_000, "deeper_val": [6, 8, 1_000],
+                "reserve_max": 200, "iid_pool": 61_136, "n_test_iid": 4_000,
+                "deeper_val": [6, 8, 1_000],
                 "deeper": [9, 10, 1_000], "repeats": 30, "presentation": "forward"}
 
     def encode_sample(self, arg: int, comp) -> list:
@@ -99,7 +100,8 @@ class CTLTask(ClassificationTask):
                 if comp not in reserved:
                     return rs.randint(8), comp
         n_comps = sum(self.N_COMPOSED ** d for d in range(2, 6))                      # 66,420
-        n_iid, n_test = 8 * n_comps // 10, 4_000                                     # 53,136 and 4,000
+        # 53,136 and 4,000
+        n_iid, n_test = 8 * n_comps // 10, 4_000
         pool = unique(n_iid + 2 * n_test, draw_iid)                                  # 61,136
 
         # draw 4: the two unreported "new primitive" sets use tables j (9) and k (10); they are
@@ -120,7 +122,8 @@ class CTLTask(ClassificationTask):
         unique(3_000, draw_new_primitive_2)
 
         # draw 5: argument first, then the composition (first randint(lo, hi+1) of `size` draws)
-        deeper_val = unique(1_000, lambda: (rs.randint(8), rs.randint(9, size=8)[:rs.randint(6, 9)]))
+        deeper_val = unique(1_000,
+                            lambda: (rs.randint(8), rs.randint(9, size=8)[:rs.randint(6, 9)]))
         deeper = unique(1_000, lambda: (rs.randint(8), rs.randint(9, size=10)[:rs.randint(9, 11)]))
 
         # 8,000 pool items go to test-IID (first 4,000) and valid-IID (= our "iid"); the rest train
@@ -144,7 +147,8 @@ class CTLTask(ClassificationTask):
             return make_split([self.encode_sample(a, c) for a, c in samples], labels,
                               [len(c) for _, c in samples])
 
-        return {"train": make(train), "iid": make(iid), "valid": make(deeper_val), "test": make(deeper)}
+        return {"train": make(train), "iid": make(iid), "valid": make(deeper_val),
+                "test": make(deeper)}
 
 
 class CTLBackwardTask(CTLTask):
@@ -240,7 +244,8 @@ class ArithTask(ClassificationTask):
         super().__init__(seed, cache_dir)
 
     def _params(self):
-        return {"splits": self.SPLITS, "sizes": self.sizes, "max_length": self.max_length, "sampler": 1}
+        return {"splits": self.SPLITS, "sizes": self.sizes, "max_length": self.max_length,
+                "sampler": 1}
 
     def basic_set(self):
         """All 200 "(a op b)": in both train and iid."""
@@ -254,7 +259,8 @@ class ArithTask(ClassificationTask):
         with tqdm(total=n, desc=f"arith {split}", disable=None, leave=False) as bar:
             while len(out) < n:
                 s = arith_sample(u, lo, hi, p)
-                if len(s[0]) > self.max_length or s[0] in seen:   # too long: resample; repeats: rejected
+                # too long: resample; repeats: rejected
+                if len(s[0]) > self.max_length or s[0] in seen:
                     continue
                 seen.add(s[0])
                 if bins.get(s[2], 0) > 0:
@@ -271,5 +277,6 @@ class ArithTask(ClassificationTask):
             samples = self.basic_set() if lo == 2 else []
             samples += self._balanced(split, max(lo, 3), hi, p, self.sizes[split])
             seqs = [lut[np.frombuffer(e.encode(), np.uint8)] for e, _, _ in samples]
-            splits[split] = make_split(seqs, [v for _, v, _ in samples], [d - 1 for _, _, d in samples])
+            splits[split] = make_split(seqs, [v for _, v, _ in samples],
+                                       [d - 1 for _, _, d in samples])
         return splits

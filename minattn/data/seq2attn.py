@@ -57,7 +57,8 @@ class Seq2SeqSplit:
         then stable-sorts the epoch by target length and visits the batches in random order (little
         padding)."""
         if mode not in ("shuffled", "bucketed"):
-            raise ValueError(f"unknown batching mode {mode!r} for a seq2seq task (valid: shuffled, bucketed)")
+            raise ValueError(f"unknown batching mode {mode!r} for a seq2seq task (valid: shuffled, "
+                             "bucketed)")
         if batch_size < 1 or not len(self):
             raise ValueError(f"need batch_size ≥ 1 and a non-empty split, got {batch_size} and "
                              f"{len(self)} examples")
@@ -76,7 +77,8 @@ class Seq2SeqSplit:
         """The first n examples (generation order is random, so a fair sample)."""
         n = min(n, len(self))
         return Seq2SeqSplit(Ragged(self.inputs.tokens, self.inputs.offsets[:n + 1]),
-                            Ragged(self.targets.tokens, self.targets.offsets[:n + 1]), self.lines[:n],
+                            Ragged(self.targets.tokens, self.targets.offsets[:n + 1]),
+                            self.lines[:n],
                             self.in_vocab, self.out_vocab)
 
     def eval_batches(self, batch_size: int, rows=None):
@@ -105,7 +107,8 @@ class Seq2SeqTask(Task):
         """examples: (input tokens, target tokens, line) triples -> a split (<eos> appended)."""
         ids_in, ids_out = ({t: i for i, t in enumerate(v)} for v in (self.in_vocab, self.out_vocab))
         return Seq2SeqSplit(Ragged.from_list([[ids_in[t] for t in x] for x, _, _ in examples]),
-                            Ragged.from_list([[ids_out[t] for t in y] + [self.eos] for _, y, _ in examples]),
+                            Ragged.from_list([[ids_out[t] for t in y] + [self.eos]
+                                              for _, y, _ in examples]),
                             [line for _, _, line in examples], self.in_vocab, self.out_vocab)
 
     def decode(self, ids) -> str:
@@ -133,7 +136,8 @@ LOOKUP_HELDOUT_COMPOSITIONS = "t1t6 t3t3 t3t5 t5t3 t5t6 t6t2 t6t3 t6t4"    # sam
 # sample1's held-out inputs of the 28 seen compositions: V = validation, H = heldout_inputs
 LOOKUP_HELDOUT_INPUTS = (
     "t1t1 H 000,111; t1t2 V 110 / H 001; t1t3 H 010,100; t1t4 H 001,100; t1t5 V 001 / H 000; "
-    "t2t1 H 110,111; t2t2 V 011,111; t2t3 H 001,010; t2t4 V 100 / H 000; t2t5 H 000,010; t2t6 H 000,101; "
+    "t2t1 H 110,111; t2t2 V 011,111; t2t3 H 001,010; t2t4 V 100 / H 000; t2t5 H 000,010; t2t6 H "
+    "000,101; "
     "t3t1 V 100,111; t3t2 V 110,111; t3t4 H 000,001; t3t6 V 111 / H 101; t4t1 V 001 / H 111; "
     "t4t2 V 010 / H 001; t4t3 H 010,100; t4t4 V 001 / H 010; t4t5 H 000,001; t4t6 V 010 / H 011; "
     "t5t1 V 011 / H 111; t5t2 H 001,010; t5t4 V 110 / H 100; t5t5 H 110,111; t6t1 H 001,011; "
@@ -186,7 +190,8 @@ class LookupTask(Seq2SeqTask):
             "validation": [ex(b, c) for c, h in held.items() for b in h.get("V", [])],
             "heldout_inputs": [ex(b, c) for c, h in held.items() for b in h.get("H", [])],
             "heldout_compositions": [ex(b, c) for c in held_comps for b in BITS],
-            "heldout_tables": [ex(b, c) for t in S6 for n in new for c in ([t, n], [n, t]) for b in BITS],
+            "heldout_tables": [ex(b, c) for t in S6 for n in new for c in ([t, n], [n, t])
+                               for b in BITS],
             "new_compositions": [ex(b, [m, n]) for m in new for n in new for b in BITS],
         }
         rng = rng_for(seed, "lookup/longer")
@@ -245,7 +250,8 @@ def scan_split(split: str, seed: int = 0) -> dict:
         return {"train": [pairs[i] for i in np.sort(perm[:n_train])],
                 "test": [pairs[i] for i in np.sort(perm[n_train:])]}
     if split == "length":
-        return {"train": [p for p in pairs if len(p[1]) <= 22], "test": [p for p in pairs if len(p[1]) >= 24]}
+        return {"train": [p for p in pairs if len(p[1]) <= 22],
+                "test": [p for p in pairs if len(p[1]) >= 24]}
     if split.startswith("addprim_"):  # the primitive alone, repeated to be 10% of train
         prim = split[len("addprim_"):].replace("_", " ")
         if prim not in ("jump", "turn left"):
@@ -258,7 +264,8 @@ def scan_split(split: str, seed: int = 0) -> dict:
     if split.startswith("length_cutoff_"):
         k = split[len("length_cutoff_"):]
         if not k.isdigit():
-            raise ValueError(f"unknown SCAN split {split!r}: use length_cutoff_K with an integer K (e.g. 26)")
+            raise ValueError(f"unknown SCAN split {split!r}: use length_cutoff_K with an integer K "
+                             "(e.g. 26)")
         k = int(k)
         # The pool in C order of the lines: the reference's shuffled order is not derivable
         # (docs/seq2attn.md §3.5).
@@ -269,16 +276,19 @@ def scan_split(split: str, seed: int = 0) -> dict:
         splits = {"train": [p for p, i in zip(pool, is_iid) if not i],
                   "iid": [p for p, i in zip(pool, is_iid) if i],
                   "test": [p for p in pairs if len(p[1]) > k]}
-        empty = [name for name, part in splits.items() if not part]   # K = 1 and K ≥ 48 (the longest output)
+        # K = 1 and K ≥ 48 (the longest output)
+        empty = [name for name, part in splits.items() if not part]
         if empty:
             raise ValueError(f"SCAN split {split!r} leaves no {' and no '.join(empty)} examples: "
                              "choose K from 2 to 47")
         return splits
     fillers = {"filler0": 0, "filler1": 1, "filler2": 2, "filler3": 3, "jump_around_right": 3}
-    if split in fillers:  # Loula et al. exp. 2: the first k of look, walk, run are seen in "X around right"
+    # Loula et al. exp. 2: the first k of look, walk, run are seen in "X around right"
+    if split in fillers:
         pairs = [p for p in pairs if not _contains(p[0], "turn around right")]
         held = [x for x in P if x not in ("look", "walk", "run")[:fillers[split]]]
-        return {"train": [p for p in pairs if not any(_contains(p[0], f"{x} around right") for x in held)],
+        return {"train": [p for p in pairs
+                          if not any(_contains(p[0], f"{x} around right") for x in held)],
                 "test": [p for p in pairs if _contains(p[0], "jump around right")]}
     if split in ("around_right", "opposite_right", "right"):  # Loula et al.'s template splits
         phrase = split.replace("_", " ")
@@ -327,4 +337,5 @@ class ScanGrammar(ScanTask):
     def __init__(self, seed: int = 0, cache_dir=None):
         Seq2SeqTask.__init__(self)
         self.split = "all"
-        self.splits = {"all": self._make([(c.split(), a, scan_line((c, a))) for c, a in scan_commands()])}
+        self.splits = {"all": self._make([(c.split(), a, scan_line((c, a)))
+                                          for c, a in scan_commands()])}

@@ -1,10 +1,11 @@
-"""The annex: every speed trick of minattn, one file per trick, each joined to the core at named sites.
+"""The annex: every speed trick of minattn, one file per trick, each joined to the core at named
+sites.
 
-The core (engine, ops, nn, optim, attention, models) is the textbook algorithm. It lets a faster form take
-over in three ways, and this is the one inventory of every site (file: function):
+The core (engine, ops, nn, optim, attention, models) is the textbook algorithm. It lets a faster
+form take over in three ways, and this is the one inventory of every site (file: function):
 
-``faster(plain_form)`` — the annex's registered form of one thing (``engine.register_faster``), or the
-plain form itself on the textbook path or when none is registered:
+``faster(plain_form)`` — the annex's registered form of one thing (``engine.register_faster``), or
+the plain form itself on the textbook path or when none is registered:
 
     engine.py: Tensor.backward                  faster(Accumulation)          accumulate.py
     ops/matmul.py: matmul, linear               faster(MatMul), faster(Linear)  grouped.py
@@ -37,14 +38,14 @@ its sites are the ``faster`` rows marked "GPU tier" above plus those it register
 kernels.py keeps its own table.  <- the kernel engineer completes this line with their sites.
 
 Each file says what it saves and gives the number ``make bench`` measured. Launches are the counting
-device's estimate of what CuPy would launch (minattn/tools/counting.py); on an H200 the annex took NDR's
-paper-preset training step from 137.2 to 60.1 ms (RESULTS.md, the first GPU run).
+device's estimate of what CuPy would launch (minattn/tools/counting.py); on an H200 the annex took
+NDR's paper-preset training step from 137.2 to 60.1 ms (RESULTS.md, the first GPU run).
 
 The annex imports only the core, except geometric.py, the one file that knows a mechanism.
 ``MINATTN_PLAIN=1`` in the environment (or ``engine.plain()`` in code) switches all of it off: plain
-accumulation, one parameter at a time, composed forms, nothing shared. tests/test_plain_vs_fast.py shows
-that both paths are the same library. To delete this folder, also delete the one line that imports it,
-``from . import fast`` in minattn/__init__.py; everything else runs the plain forms.
+accumulation, one parameter at a time, composed forms, nothing shared. tests/test_plain_vs_fast.py
+shows that both paths are the same library. To delete this folder, also delete the one line that
+imports it, ``from . import fast`` in minattn/__init__.py; everything else runs the plain forms.
 """
 from . import accumulate, flat, geometric, grouped, shared_layer, slices  # noqa: F401  (each registers)
 from . import kernels  # noqa: F401,E402  (the GPU tier: registers its forms only with MINATTN_KERNELS=1)

@@ -1,25 +1,28 @@
-"""Annex: how ``Tensor.backward`` adds gradients, made faster (the seam: ``faster(engine.Accumulation)``).
+"""Annex: how ``Tensor.backward`` adds gradients, made faster (the seam:
+``faster(engine.Accumulation)``).
 
-The textbook ``engine.Accumulation`` adds out of place: a tensor used n times gets n − 1 new arrays, and
-a leaf's ``.grad`` is a copy. ``GroupedAccumulation`` does the same sums with fewer array operations:
+The textbook ``engine.Accumulation`` adds out of place: a tensor used n times gets n − 1 new arrays,
+and a leaf's ``.grad`` is a copy. ``GroupedAccumulation`` does the same sums with fewer array
+operations:
 
 * On NumPy it adds in place into a buffer that it made for that same tensor (the first sum), never
   into an array it was handed: an op that passes its gradient through (add, reshape, broadcast...)
   gives one array to several inputs, and adding into it would corrupt the other input's gradient
-  (tests/test_graph.py). Ownership is keyed on the id() of the *tensor*, alive until backward returns.
-  A leaf keeps such a buffer as its ``.grad`` without a copy.
-* Off NumPy (CuPy, where every array operation is a kernel launch of ~10 µs of host time) it collects
-  a tensor's gradients and sums them when it reaches the tensor: two with one add, more with one
-  stack and one sum (``sum_arrays``); gradients an op hands over unevaluated (a ``Deferred``: a leaf's
-  broadcast gradient ``SumTo`` here, the grouped products of fast/grouped.py, the slices of
-  fast/slices.py) are evaluated together, one kind at a time.
+  (tests/test_graph.py). Ownership is keyed on the id() of the *tensor*, alive until backward
+  returns. A leaf keeps such a buffer as its ``.grad`` without a copy.
+* Off NumPy (CuPy, where every array operation is a kernel launch of ~10 µs of host time) it
+  collects a tensor's gradients and sums them when it reaches the tensor: two with one add, more
+  with one stack and one sum (``sum_arrays``); gradients an op hands over unevaluated (a
+  ``Deferred``: a leaf's broadcast gradient ``SumTo`` here, the grouped products of fast/grouped.py,
+  the slices of fast/slices.py) are evaluated together, one kind at a time.
 
-Measured (NDR on CTL at the cpu preset, ``make bench``'s step): launches per step (minattn/tools/counting.py)
-2,053 with this policy and 2,382 with the textbook one, the rest of the annex on but for grouped.py and
-slices.py, which need it; with those two, 1,755 against 2,382. CPU time per step (median of 5 runs
-alternating with the others on this shared 2-core machine, where runs vary by ~2%): 249.9 ms with the
-annex, 258.4 ms without this policy and the two files that need it (+3.4%).
-The sums run in another order than one by one, so the last bits may differ from the textbook path.
+Measured (NDR on CTL at the cpu preset, ``make bench``'s step): launches per step
+(minattn/tools/counting.py) 2,053 with this policy and 2,382 with the textbook one, the rest of the
+annex on but for grouped.py and slices.py, which need it; with those two, 1,755 against 2,382. CPU
+time per step (median of 5 runs alternating with the others on this shared 2-core machine, where
+runs vary by ~2%): 249.9 ms with the annex, 258.4 ms without this policy and the two files that need
+it (+3.4%). The sums run in another order than one by one, so the last bits may differ from the
+textbook path.
 """
 import numpy as np
 
@@ -28,11 +31,11 @@ from ..engine import Accumulation, register_faster, sum_to
 
 
 class Deferred:
-    """A gradient handed to the engine unevaluated, so that all gradients of one kind of a tensor are
-    evaluated together: a parameter of a layer applied n times per step gets n of them, and n products
-    (or reductions) cost n array operations where one over concatenated inputs costs two or three.
-    ``total(items)`` evaluates a list of them. Subclasses set ``shape`` and ``dtype`` (the engine checks
-    them as it checks any gradient)."""
+    """A gradient handed to the engine unevaluated, so that all gradients of one kind of a tensor
+    are evaluated together: a parameter of a layer applied n times per step gets n of them, and n
+    products (or reductions) cost n array operations where one over concatenated inputs costs two or
+    three. ``total(items)`` evaluates a list of them. Subclasses set ``shape`` and ``dtype`` (the
+    engine checks them as it checks any gradient)."""
     __slots__ = ("shape", "dtype")
 
 
@@ -49,7 +52,8 @@ class SumTo(Deferred):
     def total(items):
         shape, gs = items[0].shape, [i.g for i in items]
         if len(gs) > 1 and all(g.shape == gs[0].shape for g in gs):
-            return sum_to(backend.array_module(gs[0]).stack(gs), shape)   # one reduction over all of them
+            # one reduction over all of them
+            return sum_to(backend.array_module(gs[0]).stack(gs), shape)
         return sum_arrays([sum_to(g, shape) for g in gs])
 
 
@@ -67,14 +71,16 @@ def total(items):
 def sum_arrays(arrays):
     if len(arrays) == 1:
         return arrays[0]
-    return arrays[0] + arrays[1] if len(arrays) == 2 else _sum_in_order(backend.array_module(arrays[0]), arrays)
+    if len(arrays) == 2:
+        return arrays[0] + arrays[1]
+    return _sum_in_order(backend.array_module(arrays[0]), arrays)
 
 
 def _sum_in_order(xp, arrays):
-    """g0 + g1 + g2 + ... in two array operations. NumPy (under the strict and counting test devices)
-    sums a stack along axis 0 left to right, the bits of adding one by one, except for one-element
-    arrays, where the axis is contiguous and it sums pairwise: there a cumulative sum keeps the order.
-    A GPU reduction may add in another order."""
+    """g0 + g1 + g2 + ... in two array operations. NumPy (under the strict and counting test
+    devices) sums a stack along axis 0 left to right, the bits of adding one by one, except for
+    one-element arrays, where the axis is contiguous and it sums pairwise: there a cumulative sum
+    keeps the order. A GPU reduction may add in another order."""
     stacked = xp.stack(arrays)
     return stacked.sum(axis=0) if arrays[0].size > 1 else xp.cumsum(stacked, axis=0)[-1]
 
@@ -83,7 +89,8 @@ class GroupedAccumulation(Accumulation):
     """In place into owned buffers on NumPy; collected and summed at once elsewhere (see above)."""
 
     def __init__(self):
-        self.owns = set()      # ids of the tensors whose summed gradient the engine made for them alone
+        # ids of the tensors whose summed gradient the engine made for them alone
+        self.owns = set()
         self.owned = False     # whether the gradient ``take`` returned last is such a buffer
 
     def take(self, t):
@@ -99,7 +106,8 @@ class GroupedAccumulation(Accumulation):
         if prev is None:
             t._g = gx
         elif type(prev) is np.ndarray and type(gx) is np.ndarray:
-            if id(t) in self.owns:   # a buffer of t's own, made by the first sum, takes the rest in place
+            # a buffer of t's own, made by the first sum, takes the rest in place
+            if id(t) in self.owns:
                 prev += gx
             else:
                 t._g = prev + gx

@@ -1,15 +1,18 @@
-"""Annex: the optimizer update and gradient clipping of all parameters as one flat array (off NumPy).
+"""Annex: the optimizer update and gradient clipping of all parameters as one flat array (off
+NumPy).
 
 The seam: ``faster(Optimizer.update_each)`` and ``faster(clip_grad_norm_each)`` (minattn/optim.py).
 At its first step an optimizer moves its parameters into one flat buffer (``FlatParameters``: each
 ``p.data`` becomes a view into it), so the update of all parameters is a dozen array operations, not
 a dozen per parameter: on a GPU each is a kernel launch (~10 µs of host time). The arithmetic per
-element is unchanged, so results are the same bits. Clipping then takes the norm with one dot product
-(summed in another order than parameter by parameter: the last bits of a clipped step may differ).
+element is unchanged, so results are the same bits. Clipping then takes the norm with one dot
+product (summed in another order than parameter by parameter: the last bits of a clipped step may
+differ).
 
 On NumPy an operation is a function call, not a launch, and a dozen operations over a large model's
-whole flat state stream it through memory a dozen times, where one parameter at a time stays in cache
-(seq2attn's 1.5M parameters: AdamW 3.8 → 5.0 ms): there the optimizer updates one parameter at a time.
+whole flat state stream it through memory a dozen times, where one parameter at a time stays in
+cache (seq2attn's 1.5M parameters: AdamW 3.8 → 5.0 ms): there the optimizer updates one parameter at
+a time.
 
 Measured with ``make bench`` (NDR on CTL, cpu preset, one run with and without): launches per step
 (tests/counting.py) 1,755 with, 2,174 without (optimizer 345 → 15, clipping 96 → 7); CPU ms/step
@@ -34,12 +37,13 @@ def _flat_of(p):
 
 
 class FlatParameters:
-    """One buffer holding the data of ``params`` (each ``p.data`` becomes a view into it, in order), and
-    the optimizer's state as flat arrays (``state``) whose per-parameter views are the optimizer's.
+    """One buffer holding the data of ``params`` (each ``p.data`` becomes a view into it, in order),
+    and the optimizer's state as flat arrays (``state``) whose per-parameter views are the
+    optimizer's.
 
-    ``grads()`` gathers their gradients into one flat array with one concatenation; ``intact()`` says
-    whether every ``p.data`` is still its view (``Module.to`` or ``load_state_dict`` may have replaced
-    it: the optimizer then builds a new buffer from the current data)."""
+    ``grads()`` gathers their gradients into one flat array with one concatenation; ``intact()``
+    says whether every ``p.data`` is still its view (``Module.to`` or ``load_state_dict`` may have
+    replaced it: the optimizer then builds a new buffer from the current data)."""
 
     def __init__(self, params):
         xp = array_module(params[0].data)
@@ -78,7 +82,8 @@ class FlatParameters:
         grads = [p.grad for p in self.params]
         if any(g is None for g in grads):
             return None
-        # A new array each time (not a reused buffer): an earlier step's gradients stay what they were.
+        # A new array each time (not a reused buffer): an earlier step's gradients stay what they
+        # were.
         self.grad = array_module(grads[0]).concatenate([g.reshape(-1) for g in grads])
         self.grad_views = self.split(self.grad)
         for p, g in zip(self.params, self.grad_views):
@@ -86,7 +91,8 @@ class FlatParameters:
         return self.grad
 
     def join_state(self, opt):
-        """Flat state from the optimizer's per-parameter state (after loading it, or at the first step)."""
+        """Flat state from the optimizer's per-parameter state (after loading it, or at the first
+        step)."""
         # A parameter that has had no gradient yet has no state: zeros, which is what Adam's moments
         # and SGD's momentum start from anyway.
         keys = set().union(*opt.state)
@@ -97,11 +103,13 @@ class FlatParameters:
 
     def split_state(self, opt):
         views = {k: self.split(v) for k, v in self.state.items()}
-        opt.state = self.split_of = [{k: views[k][i] for k in views} for i in range(len(self.params))]
+        opt.state = self.split_of = [{k: views[k][i] for k in views}
+                                     for i in range(len(self.params))]
 
 
 class _FlatView:
-    """Stands in for one parameter whose ``data`` is the whole flat buffer (for ``Optimizer.update``)."""
+    """Stands in for one parameter whose ``data`` is the whole flat buffer (for
+    ``Optimizer.update``)."""
     __slots__ = ("data",)
 
     def __init__(self, data):
@@ -109,7 +117,8 @@ class _FlatView:
 
 
 def update_flat(opt):
-    """``Optimizer.update_each`` as one update of the flat buffer, where ``FlatParameters.possible``."""
+    """``Optimizer.update_each`` as one update of the flat buffer, where
+    ``FlatParameters.possible``."""
     if not FlatParameters.possible(opt.params):
         return Optimizer.update_each(opt)
     flat = vars(opt).get("_flat")
@@ -119,7 +128,8 @@ def update_flat(opt):
     elif opt.state is not flat.split_of:      # load_state_dict replaced the state
         flat.join_state(opt)
     g = flat.grads()
-    if g is None:           # some parameter without a gradient: one at a time, then the flat state again
+    # some parameter without a gradient: one at a time, then the flat state again
+    if g is None:
         Optimizer.update_each(opt)
         return flat.join_state(opt)
     keys = set(flat.state)

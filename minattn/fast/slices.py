@@ -1,17 +1,18 @@
-"""Annex: the gradients of a tensor's slices put together at once (the seam: ``faster(ops.GetItem)``).
+"""Annex: the gradients of a tensor's slices put together at once (the seam:
+``faster(ops.GetItem)``).
 
-The plain ``GetItem`` backward of a basic index (x[:, :C], x[0]) is a zeros array of x's shape with gy
-written into the slice; a tensor cut into n slices (q, k and v of a fused projection; the hidden layer
-shared by a feed-forward and its gate) gets n such arrays, summed: 2n + 2 array operations and n
-passes over memory. Here the slice's gradient goes to the engine unevaluated (a ``Slices``, see
+The plain ``GetItem`` backward of a basic index (x[:, :C], x[0]) is a zeros array of x's shape with
+gy written into the slice; a tensor cut into n slices (q, k and v of a fused projection; the hidden
+layer shared by a feed-forward and its gate) gets n such arrays, summed: 2n + 2 array operations and
+n passes over memory. Here the slice's gradient goes to the engine unevaluated (a ``Slices``, see
 fast/accumulate.py), and the engine fills one array for all n: the gradients side by side (one
-concatenate or stack) when the slices tile an axis, else one zeros array written into n times.
-This saves passes over memory on NumPy too.
+concatenate or stack) when the slices tile an axis, else one zeros array written into n times. This
+saves passes over memory on NumPy too.
 
 Measured with ``make bench`` (NDR on CTL, cpu preset, one run with and without): launches per step
-(minattn/tools/counting.py) 1,755 with, 1,965 without. CPU time per step (median of 5 runs alternating with the
-others on this shared 2-core machine, where runs vary by ~2%): 249.9 ms with, 250.6 ms without: no
-measurable gain on NumPy, kept for its launches.
+(minattn/tools/counting.py) 1,755 with, 1,965 without. CPU time per step (median of 5 runs
+alternating with the others on this shared 2-core machine, where runs vary by ~2%): 249.9 ms with,
+250.6 ms without: no measurable gain on NumPy, kept for its launches.
 """
 import numpy as np
 
@@ -32,23 +33,25 @@ class Slices(Deferred):
     @staticmethod
     def total(items):
         tiles = _tiling(items)
-        if tiles is not None:   # the slices cover the tensor once (q | k | v): their gradients side by side
+        # the slices cover the tensor once (q | k | v): their gradients side by side
+        if tiles is not None:
             axis, kind, gs = tiles
             return getattr(array_module(gs[0]), kind)(gs, axis=axis)
         gx = array_module(items[0].g).zeros(items[0].shape, dtype=items[0].dtype)
         gx[items[0].index] = items[0].g
         for item in items[1:]:
-            # not gx[index] += g: that also writes the view back, a second copy. The trailing ... makes an
-            # all-int index (x[0, 1]) a 0-d view too, not a copy that the += would be lost in.
+            # not gx[index] += g: that also writes the view back, a second copy. The trailing ...
+            # makes an all-int index (x[0, 1]) a 0-d view too, not a copy that the += would be lost
+            # in.
             view = gx[item.index if any(i is Ellipsis for i in item.index) else item.index + (Ellipsis,)]
             view += item.g
         return gx
 
 
 def _tiling(items):
-    """(axis, "stack" or "concatenate", gradients in order) when every index is ``[:, ..., :, i]`` with i an
-    int (x[0], x[1], ...) or a step-1 slice (x[:, :C], x[:, C:]) on one axis, and they cover that axis
-    exactly once; else None."""
+    """(axis, "stack" or "concatenate", gradients in order) when every index is ``[:, ..., :, i]``
+    with i an int (x[0], x[1], ...) or a step-1 slice (x[:, :C], x[:, C:]) on one axis, and they
+    cover that axis exactly once; else None."""
     axis = len(items[0].index) - 1
     if not 0 <= axis < len(items[0].shape):
         return None

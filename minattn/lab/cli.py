@@ -1,5 +1,5 @@
-"""train.py's command line: the loop is train.py's; this file turns flags into a run configuration and runs
-the modes that read a trained run instead of training one.
+"""train.py's command line: the loop is train.py's; this file turns flags into a run configuration
+and runs the modes that read a trained run instead of training one.
 
     python train.py --task ctl --model ndr                 # the cpu preset (fits ~30 min on 2 cores)
     python train.py --task ctl --model ndr --preset paper --device gpu
@@ -7,10 +7,10 @@ the modes that read a trained run instead of training one.
     python train.py --resume runs/ctl-ndr-cpu-s0           # continue an interrupted run exactly
     python train.py --evaluate --out runs/ctl-ndr-cpu-s0   # also --plot, --analyze; --report DIR...
 
-A run's settings come from four places, merged in ``_main``: the recipe's preset (``make_config``), the
-flags, ``--set KEY=VALUE`` (minattn/lab/settings.py types them) and, on ``--resume``, the checkpoint. Bad
-input is one line ``error: ...`` and exit code 2; a run whose loss is not finite exits 3; Ctrl-C 130 and
-SIGTERM 143, after the write in progress (minattn/lab/rundir.py).
+A run's settings come from four places, merged in ``_main``: the recipe's preset (``make_config``),
+the flags, ``--set KEY=VALUE`` (minattn/lab/settings.py types them) and, on ``--resume``, the
+checkpoint. Bad input is one line ``error: ...`` and exit code 2; a run whose loss is not finite
+exits 3; Ctrl-C 130 and SIGTERM 143, after the write in progress (minattn/lab/rundir.py).
 """
 import argparse
 import dataclasses
@@ -32,7 +32,8 @@ from .settings import (make_config, parse_settings, refuse_unread, resume_check,
                        resume_settings, saved_settings, user_values)
 
 
-# --- the command line -----------------------------------------------------------------------------------
+# --- the command line
+# -----------------------------------------------------------------------------------
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(prog="train.py", description=__doc__,
@@ -40,77 +41,106 @@ def parse_args(argv=None):
     # --task and --model default to ctl and ndr for training; None tells --plot that none was given
     ap.add_argument("--task", help="one of: " + ", ".join(t for r in RECIPES for t in r.tasks)
                     + " (default ctl)")
-    models = dict.fromkeys(m for r in RECIPES for m in r.models)  # sort and MLU share transformer-seq2seq
+    # sort and MLU share transformer-seq2seq
+    models = dict.fromkeys(m for r in RECIPES for m in r.models)
     ap.add_argument("--model", help="one of: " + ", ".join(models) + " (default ndr)")
     ap.add_argument("--split", help="scan: the split, e.g. filler0, length, length_cutoff_26 (all: "
                     "SCAN_SPLITS in minattn/data/seq2attn.py)")
-    ap.add_argument("--device", help="cpu (default) or gpu (needs CuPy: make venv DEVICE=gpu, or pip install "
-                    "-e '.[gpu]'; see README \"On a GPU\"); a --resume keeps the run's unless given")
+    ap.add_argument("--device",
+                    help="cpu (default) or gpu (needs CuPy: make venv DEVICE=gpu, or pip install "
+                    "-e '.[gpu]'; see README \"On a GPU\"); a --resume keeps the run's unless "
+                    "given")
     ap.add_argument("--preset", help="cpu (default; ~30 min on 2 cores) or paper (the paper's "
                     "hyperparameters, for a GPU); a --resume keeps the run's")
     ap.add_argument("--steps", type=int, help="optimizer steps (default: the preset's)")
     ap.add_argument("--batch-size", type=int, help="training batch size (default: the preset's)")
     ap.add_argument("--lr", type=float, help="learning rate (default: the preset's)")
-    ap.add_argument("--seed", type=int, default=0, help="seed of initialisation, data order and dropout")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="seed of initialisation, data order and dropout")
     ap.add_argument("--eval-every", type=int, help="evaluate and checkpoint every N steps")
-    ap.add_argument("--out", help="run directory (default: runs/TASK-MODEL-PRESET-sSEED, the task tagged "
+    ap.add_argument("--out",
+                    help="run directory (default: runs/TASK-MODEL-PRESET-sSEED, the task tagged "
                     "with --split, --train-size, --searches, --retrievals and --ood when given)")
     ap.add_argument("--resume", nargs="?", const=True, default=False, metavar="DIR",
-                    help="continue the checkpoint in --out (or DIR) exactly; without --task/--model the "
-                         "run's task, model and settings come from the checkpoint (add --steps N to extend "
+                    help="continue the checkpoint in --out (or DIR) exactly; without "
+                         "--task/--model the "
+                         "run's task, model and settings come from the checkpoint (add --steps N "
+                         "to extend "
                          "it)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="override any setting, e.g. --set d_model=64 --set n_steps=10 --set batching=random")
+                    help="override any setting, e.g. --set d_model=64 --set n_steps=10 --set "
+                         "batching=random")
     ap.add_argument("--show-config", action="store_true", help="print the resolved run and model "
                     "configuration (marking what flags and --set changed) and exit")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--report", nargs="+", metavar="DIR",
-                    help="print a markdown table of finished runs (and mean ± std over the seeds of one "
+                    help="print a markdown table of finished runs (and mean ± std over the seeds "
+                         "of one "
                          "experiment) and exit")
-    ap.add_argument("--convert", metavar="DIR", help="rewrite DIR/checkpoint.pkl of an older minattn as "
-                    "checkpoint.npz and exit (unpickling runs code from the file: only for files you trust)")
-    ap.add_argument("--analyze", action="store_true", help="print the analysis of the checkpoint in --out "
+    ap.add_argument("--convert", metavar="DIR",
+                    help="rewrite DIR/checkpoint.pkl of an older minattn as "
+                    "checkpoint.npz and exit (unpickling runs code from the file: only for files "
+                    "you trust)")
+    ap.add_argument("--analyze", action="store_true",
+                    help="print the analysis of the checkpoint in --out "
                     "and exit (retrieval: the value-score table of paper Fig. 5)")
-    ap.add_argument("--evaluate", action="store_true", help="evaluate the checkpoint in --out on every split "
-                    "and exit; --set n_steps_eval=N applies a shared-layer encoder N times (also with "
+    ap.add_argument("--evaluate", action="store_true",
+                    help="evaluate the checkpoint in --out on every split "
+                    "and exit; --set n_steps_eval=N applies a shared-layer encoder N times (also "
+                    "with "
                     "--plot, --analyze)")
     ap.add_argument("--plot", action="store_true", help="draw what the checkpoint in --out learned "
-                    "(attention maps, gates, value scores, relations) and the run's learning curves into "
-                    "DIR/plots and exit; PNGs need matplotlib (pip install -e '.[plot]'), without it the "
+                    "(attention maps, gates, value scores, relations) and the run's learning "
+                    "curves into "
+                    "DIR/plots and exit; PNGs need matplotlib (pip install -e '.[plot]'), without "
+                    "it the "
                     "maps are printed as text")
-    ap.add_argument("--plot-dir", metavar="DIR", help="--plot: write the PNGs to DIR (default: the run's "
+    ap.add_argument("--plot-dir", metavar="DIR",
+                    help="--plot: write the PNGs to DIR (default: the run's "
                     "plots/); --report: also draw the runs' learning curves side by side into "
                     "DIR/learning-curves.png")
     ap.add_argument("--example", action="append", default=[], metavar="TEXT",
-                    help="--plot this input instead of a fixed sample of test examples (repeatable): the "
-                    "task's text, e.g. ctl '101 d a b', lookup '100 t3 t1 .', scan 'jump twice'; object "
+                    help="--plot this input instead of a fixed sample of test examples "
+                         "(repeatable): the "
+                    "task's text, e.g. ctl '101 d a b', lookup '100 t3 t1 .', scan 'jump twice'; "
+                    "object "
                     "indices for sort, pairwise, set")
-    ap.add_argument("--train-size", type=int, help="sort, pairwise, set, mlu: training samples drawn from "
+    ap.add_argument("--train-size", type=int,
+                    help="sort, pairwise, set, mlu: training samples drawn from "
                     "the train pool (default: sort 500, pairwise 2015, set 2000, mlu 200000)")
     ap.add_argument("--searches", type=int, help="retrieval: ground-truth searches S (default 2)")
-    ap.add_argument("--retrievals", type=int, help="retrieval: ground-truth retrievals R (default 4)")
-    ap.add_argument("--ood", action="store_true", help="retrieval: train on 80%% of the combinations of "
+    ap.add_argument("--retrievals", type=int,
+                    help="retrieval: ground-truth retrievals R (default 4)")
+    ap.add_argument("--ood", action="store_true",
+                    help="retrieval: train on 80%% of the combinations of "
                     "retrieval choices; ood_l1 is then out of distribution")
     return ap.parse_args(argv)
 
 
 def main(argv, train):
-    """train.py's main: ``train`` is its loop, ``train(cfg, out_dir, resume, progress)`` → the results."""
+    """train.py's main: ``train`` is its loop, ``train(cfg, out_dir, resume, progress)`` → the
+    results."""
     args, where = parse_args(argv), {"out": None}
     try:
-        with handling_signals():   # Ctrl-C and SIGTERM: after any write in progress, then the lines below
+        # Ctrl-C and SIGTERM: after any write in progress, then the lines below
+        with handling_signals():
             return _main(args, where, train)
     except (UsageError, backend.DeviceError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except BrokenPipeError:   # `train.py --report runs/* | head`: the reader left; not an error of ours
+    # `train.py --report runs/* | head`: the reader left; not an error of ours
+    except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except OSError as e:      # a full disk, a read-only directory: the system's one line, not a traceback
-        print(f"error: {e.strerror or e}" + (f": {e.filename}" if e.filename else ""), file=sys.stderr)
+    # a full disk, a read-only directory: the system's one line, not a traceback
+    except OSError as e:
+        print(f"error: {e.strerror or e}" + (f": {e.filename}" if e.filename else ""),
+              file=sys.stderr)
         return 2
-    except MemoryError as e:  # e.g. --set d_model=1000000: numpy names the array it could not allocate
-        print(f"error: not enough memory ({e or 'MemoryError'}); choose smaller sizes (d_model, d_ff, "
+    # e.g. --set d_model=1000000: numpy names the array it could not allocate
+    except MemoryError as e:
+        print(f"error: not enough memory ({e or 'MemoryError'}); choose smaller sizes (d_model, "
+              "d_ff, "
               "n_steps, --batch-size)", file=sys.stderr)
         return 2
     except Diverged as e:
@@ -127,16 +157,19 @@ def main(argv, train):
 
 
 def _main(args, where, train):
-    """main() without its error handling; ``where["out"]``: the run directory, once training starts."""
+    """main() without its error handling; ``where["out"]``: the run directory, once training
+    starts."""
     device_given, args.device = args.device, "cpu" if args.device is None else args.device
     for flag in ("task", "model", "preset", "split", "out", "plot_dir", "resume"):
         if getattr(args, flag) == "":
             raise UsageError(f"--{flag.replace('_', '-')} is empty")
     if isinstance(args.resume, str):  # --resume DIR: the run directory, as --out DIR
         if args.out and args.out != args.resume:
-            raise UsageError(f"--resume {args.resume} and --out {args.out} name different run directories")
+            raise UsageError(f"--resume {args.resume} and --out {args.out} name different run "
+                             "directories")
         args.out, args.resume = args.resume, True
-    modes = [f"--{m.replace('_', '-')}" for m in ("report", "convert", "analyze", "evaluate", "plot",
+    modes = [f"--{m.replace('_', '-')}"
+             for m in ("report", "convert", "analyze", "evaluate", "plot",
                                                   "show_config") if getattr(args, m)]   # each runs alone
     if len(modes) > 1:
         raise UsageError(f"{' and '.join(modes)} are separate modes: give one at a time")
@@ -148,7 +181,8 @@ def _main(args, where, train):
         return 0
     inspect = next((flag for flag in ("analyze", "evaluate", "plot") if getattr(args, flag)), None)
     if inspect and not args.out:
-        raise UsageError(f"--{inspect} needs --out DIR (or --resume DIR), a run directory with a checkpoint")
+        raise UsageError(f"--{inspect} needs --out DIR (or --resume DIR), a run directory with a "
+                         "checkpoint")
     if args.analyze:
         print(analyze(args.out, args.device, args.set))
         return 0
@@ -166,7 +200,8 @@ def _main(args, where, train):
         # setting come from its checkpoint; flags given now (e.g. --steps) still apply on top.
         saved = resume_settings(args.out, args.task, args.model, args.preset)
         args.task, args.model, args.preset = saved.pop("task"), saved.pop("model"), saved.pop("preset")
-    if args.resume and args.out:   # either form continues on the run's device unless --device is given
+    # either form continues on the run's device unless --device is given
+    if args.resume and args.out:
         args.device = resume_device(args.out, device_given)
     args.task = "ctl" if args.task is None else args.task
     args.model, args.preset = args.model or "ndr", args.preset or "cpu"
@@ -178,7 +213,8 @@ def _main(args, where, train):
                  eval_every=args.eval_every, searches=args.searches, retrievals=args.retrievals,
                  ood=args.ood or None, split=args.split, train_size=args.train_size)
     defaults = parse_args([])
-    for key, value in overrides.items():   # --set lr=… is the same as --lr …; both at once must agree
+    # --set lr=… is the same as --lr …; both at once must agree
+    for key, value in overrides.items():
         given = flags.get(key)
         if given is not None and given != getattr(defaults, key, None) and given != value:
             raise UsageError(f"--set {key}={value} contradicts --{key.replace('_', '-')} {given}")
@@ -189,9 +225,11 @@ def _main(args, where, train):
     args.seed = flags["seed"]
     cfg = make_config(args.task, args.model, args.preset, **flags)
     refuse_unread(cfg, overrides)
-    if args.resume:   # the run's own step budget and evaluation interval (train() reads them) unless given
+    # the run's own step budget and evaluation interval (train() reads them) unless given
+    if args.resume:
         cfg.steps, cfg.eval_every = flags["steps"], flags["eval_every"]
-    # the data options are part of the default name, so runs at different sizes or splits don't collide
+    # the data options are part of the default name, so runs at different sizes or splits don't
+    # collide
     task_name = "-".join([args.task] + [f"{tag}{value}" for tag, value in (
         ("", args.split), ("n", args.train_size), ("S", args.searches), ("R", args.retrievals)) if value]
         + ["ood"] * bool(args.ood))
@@ -209,12 +247,14 @@ def _main(args, where, train):
 
 
 def show_config(cfg, preset):
-    """The resolved run configuration, its task options and its model, one field a line; ``*`` marks the
-    fields a flag or --set changed, with the preset's value in brackets."""
-    lines = [f"{cfg.task} / {cfg.model}, {cfg.preset} preset (* = changed from the preset, its value in "
+    """The resolved run configuration, its task options and its model, one field a line; ``*`` marks
+    the fields a flag or --set changed, with the preset's value in brackets."""
+    lines = [f"{cfg.task} / {cfg.model}, {cfg.preset} preset (* = changed from the preset, its "
+             "value in "
              "brackets)"]
     for title, now, was in (("run (RunConfig)", cfg, preset),
-                            (f"task options ({type(cfg.options).__name__})", cfg.options, preset.options),
+                            (f"task options ({type(cfg.options).__name__})", cfg.options,
+                             preset.options),
                             (f"model ({type(cfg.model_config).__name__})", cfg.model_config,
                              preset.model_config)):
         if now is None:
@@ -242,22 +282,27 @@ def summary(results, out):
             f"pictures: python train.py --plot --out {shlex.quote(out)}")
 
 
-# --- trained runs: --evaluate, --analyze, --plot --------------------------------------------------------
+# --- trained runs: --evaluate, --analyze, --plot
+# --------------------------------------------------------
 
-# what `--set` may change in a trained run (--evaluate, --plot, --analyze): evaluation, never the weights
+# what `--set` may change in a trained run (--evaluate, --plot, --analyze): evaluation, never the
+# weights
 EVAL_SETTINGS = ("n_steps_eval", "eval_batch_size")
 
 
 def _load_run(out_dir, device, overrides=()):
-    """The recipe (its task loaded), the trained model of the checkpoint in out_dir on ``device``, and the
-    checkpoint's step. ``overrides``: KEY=VALUE strings of EVAL_SETTINGS that override the saved config."""
+    """The recipe (its task loaded), the trained model of the checkpoint in out_dir on ``device``,
+    and the checkpoint's step. ``overrides``: KEY=VALUE strings of EVAL_SETTINGS that override the
+    saved config."""
     if not os.path.isdir(out_dir):
         raise UsageError(f"no run directory {out_dir}")
     path = os.path.join(out_dir, CHECKPOINT)
     if not os.path.exists(path) and not old_checkpoint(out_dir):
-        raise UsageError(f"{out_dir} holds no {CHECKPOINT} (is it a run directory? train there first)")
+        raise UsageError(f"{out_dir} holds no {CHECKPOINT} (is it a run directory? train there "
+                         "first)")
     ckpt = load_checkpoint(path)
-    saved = dict(saved_settings(ckpt, path), device=device)   # any layout, older ones included; checked
+    # any layout, older ones included; checked
+    saved = dict(saved_settings(ckpt, path), device=device)
     saved.update(parse_settings(overrides, saved["task"], saved["model"], allowed=EVAL_SETTINGS))
     cfg = make_config(saved.pop("task"), saved.pop("model"), saved.pop("preset"), **saved)
     recipe = recipe_for(cfg.task)(cfg)
@@ -272,42 +317,49 @@ def _load_run(out_dir, device, overrides=()):
 
 
 def analyze(out_dir, device="cpu", settings=()):
-    """The recipe's analysis of the checkpoint in out_dir (e.g. the CRT value-score table, paper Fig. 5)."""
+    """The recipe's analysis of the checkpoint in out_dir (e.g. the CRT value-score table, paper
+    Fig. 5)."""
     recipe, model, _ = _load_run(out_dir, device, settings)
     with user_values():
         return recipe.analyze(model)
 
 
 def evaluate_checkpoint(out_dir, device="cpu", settings=()):
-    """Every evaluation split's metric for the weights in out_dir's checkpoint: those of its last evaluation,
-    which need not be the selected step of results.json. E.g. ``settings=["n_steps_eval=16"]`` applies a
-    shared-layer encoder 16 times at evaluation instead of the number it was trained with."""
+    """Every evaluation split's metric for the weights in out_dir's checkpoint: those of its last
+    evaluation, which need not be the selected step of results.json. E.g.
+    ``settings=["n_steps_eval=16"]`` applies a shared-layer encoder 16 times at evaluation instead
+    of the number it was trained with."""
     recipe, model, step = _load_run(out_dir, device, settings)
     with user_values():
         return {"step": step, "settings": list(settings), "metrics": recipe.evaluate(model)}
 
 
 def plot(out_dir, device="cpu", texts=(), task=None, model=None, settings=(), plot_dir=None):
-    """Pictures of what the checkpoint in out_dir learned (minattn/lab/viz.py) as PNGs in ``plot_dir``
-    (default out_dir/plots), or as terminal heatmaps without matplotlib; returns the paths written. ``texts``:
-    inputs to show instead of the test examples; ``task``/``model``, when given, must be the checkpoint's."""
+    """Pictures of what the checkpoint in out_dir learned (minattn/lab/viz.py) as PNGs in
+    ``plot_dir`` (default out_dir/plots), or as terminal heatmaps without matplotlib; returns the
+    paths written. ``texts``: inputs to show instead of the test examples; ``task``/``model``, when
+    given, must be the checkpoint's."""
     if any(not t.strip() for t in texts):
         raise UsageError("--example is empty: give the input to draw, e.g. --example '101 d a b'")
     default_dir, plot_dir = plot_dir is None, plot_dir or os.path.join(out_dir, "plots")
     if default_dir and os.path.islink(plot_dir) or os.path.exists(plot_dir) and not os.path.isdir(plot_dir):
-        raise UsageError(f"{plot_dir} is a link or a file, not a directory for the pictures (choose "
+        raise UsageError(f"{plot_dir} is a link or a file, not a directory for the pictures "
+                         "(choose "
                          "--plot-dir)")
     recipe, net, _ = _load_run(out_dir, device, settings)
-    for flag, given, saved in (("--task", task, recipe.cfg.task), ("--model", model, recipe.cfg.model)):
+    for flag, given, saved in (("--task", task, recipe.cfg.task),
+                               ("--model", model, recipe.cfg.model)):
         if given is not None and given != saved:
-            raise UsageError(f"{out_dir} holds a {recipe.cfg.task} / {recipe.cfg.model} checkpoint, not "
+            raise UsageError(f"{out_dir} holds a {recipe.cfg.task} / {recipe.cfg.model} "
+                             "checkpoint, not "
                              f"{flag} {given}")
     with user_values():
         pictures = recipe.plot_examples(net, list(texts))
     pictures += run_curves(out_dir)   # metrics.jsonl against the step, the selected step marked
     writes_into = plot_dir if os.path.isdir(plot_dir) else out_dir
     if default_dir and viz.have_matplotlib() and not writable(writes_into):
-        raise UsageError(f"cannot write the pictures into {plot_dir} (read-only): choose --plot-dir DIR")
+        raise UsageError(f"cannot write the pictures into {plot_dir} (read-only): choose "
+                         "--plot-dir DIR")
     paths = viz.write_pictures(pictures, plot_dir)
     for path in paths:
         print(f"wrote {path}")

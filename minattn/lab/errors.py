@@ -1,5 +1,5 @@
-"""Errors the lab raises on purpose, in a module of their own so that any room can raise them without
-importing another (``rundir`` and the recipes both raise ``UsageError``)."""
+"""Errors the lab raises on purpose, in a module of their own so that any room can raise them
+without importing another (``rundir`` and the recipes both raise ``UsageError``)."""
 
 
 class UsageError(Exception):

@@ -1,7 +1,8 @@
-"""A run's settings by name: what ``--set`` may change in a run of a task and model (the fields of the run's
-config, of the task options and of the model's own, typed by its recipe), and a checkpoint's configuration in
-any layout checked against them before a ``--resume`` or ``--evaluate`` uses it. The run directory's files are
-minattn/lab/rundir.py's; this is where the recipes are asked what a setting is.
+"""A run's settings by name: what ``--set`` may change in a run of a task and model (the fields of
+the run's config, of the task options and of the model's own, typed by its recipe), and a
+checkpoint's configuration in any layout checked against them before a ``--resume`` or
+``--evaluate`` uses it. The run directory's files are minattn/lab/rundir.py's; this is where the
+recipes are asked what a setting is.
 """
 import contextlib
 import dataclasses
@@ -18,12 +19,13 @@ from .recipes.base import field_types, fields
 from .rundir import CHECKPOINT, Corrupted, _int, _number, check_resumable, identity, load_checkpoint, settings
 
 
-# --- configuration: a recipe's preset, then the command line's overrides ----------------------------------
+# --- configuration: a recipe's preset, then the command line's overrides
+# ----------------------------------
 
 @contextlib.contextmanager
 def user_values():
-    """Bad user values, found where they are used (a recipe's hooks, the models, the data), raise ValueError:
-    here, and only here, that becomes a UsageError, one line for the user."""
+    """Bad user values, found where they are used (a recipe's hooks, the models, the data), raise
+    ValueError: here, and only here, that becomes a UsageError, one line for the user."""
     try:
         yield
     except ValueError as e:
@@ -35,16 +37,19 @@ TASK_FLAGS = ("split", "train_size", "searches", "retrievals", "ood")
 
 
 def make_config(task, model, preset="cpu", **overrides):
-    """The full configuration of a run: the preset for (task, model), then explicit overrides (settings of
-    the run, the task options or the model, by name; None means "keep the preset's"). The task options are
-    given to the preset, which may count in them (e.g. SCAN's steps in epochs of its split)."""
+    """The full configuration of a run: the preset for (task, model), then explicit overrides
+    (settings of the run, the task options or the model, by name; None means "keep the preset's").
+    The task options are given to the preset, which may count in them (e.g. SCAN's steps in epochs
+    of its split)."""
     recipe = recipe_for(task)
     recipe.check_names(task, model, preset)
     fields = field_types(recipe, model)
     unknown = sorted(k for k, v in overrides.items() if v is not None and k not in fields)
-    flags = [k for k in unknown if k in TASK_FLAGS]   # a task option given as its flag to a task without it
+    # a task option given as its flag to a task without it
+    flags = [k for k in unknown if k in TASK_FLAGS]
     if flags:
-        having = [t for r in RECIPES for t in r.tasks if flags[0] in field_types(r, next(iter(r.models)))]
+        having = [t for r in RECIPES for t in r.tasks
+                  if flags[0] in field_types(r, next(iter(r.models)))]
         raise UsageError(f"task {task} has no --{flags[0].replace('_', '-')} (the tasks with one: "
                          f"{', '.join(having)})")
     if unknown:
@@ -63,39 +68,50 @@ def make_config(task, model, preset="cpu", **overrides):
             cfg.model_config = dataclasses.replace(cfg.model_config, **{key: value})
         else:
             setattr(cfg, key, value)
-    for key in ("steps", "batch_size", "lr", "eval_every", "eval_batch_size"):   # a count or a rate: > 0
+    # a count or a rate: > 0
+    for key in ("steps", "batch_size", "lr", "eval_every", "eval_batch_size"):
         value = getattr(cfg, key)
-        if value is not None and not value > 0:                                  # None: counted in epochs
+        # None: counted in epochs
+        if value is not None and not value > 0:
             raise UsageError(f"{key} must be positive, got {value}")
     if cfg.seed < 0:
         raise UsageError(f"--seed must be ≥ 0, got {cfg.seed}")
-    if max(cfg.batch_size or 0, cfg.eval_batch_size) > 2 ** 20:   # refused before gigabytes are allocated
-        raise UsageError(f"batch sizes above {2 ** 20:,} are refused (the presets' largest is 2,048)")
-    for key in ("weight_decay", "grad_clip"):                                    # 0 switches them off
+    # refused before gigabytes are allocated
+    if max(cfg.batch_size or 0, cfg.eval_batch_size) > 2 ** 20:
+        raise UsageError(f"batch sizes above {2 ** 20:,} are refused (the presets' largest is "
+                         "2,048)")
+    # 0 switches them off
+    for key in ("weight_decay", "grad_clip"):
         value = getattr(cfg, key)
         if value < 0:
             raise UsageError(f"{key} must be ≥ 0, got {value}")
-    for part in (cfg, cfg.options, cfg.model_config):   # NaN passes every comparison above, inf most
+    # NaN passes every comparison above, inf most
+    for part in (cfg, cfg.options, cfg.model_config):
         for f in dataclasses.fields(part) if part is not None else ():
             value = getattr(part, f.name)
             if isinstance(value, float) and not math.isfinite(value):
                 raise UsageError(f"{f.name} must be a finite number, got {value}")
-            if f.name in LOOPS and isinstance(value, int) and value > MAX_LOOPS:   # 10⁹ would never end
-                raise UsageError(f"{f.name} is {value}: above {MAX_LOOPS:,} applications or layers are "
+            # 10⁹ would never end
+            if f.name in LOOPS and isinstance(value, int) and value > MAX_LOOPS:
+                raise UsageError(f"{f.name} is {value}: above {MAX_LOOPS:,} applications or layers "
+                                 "are "
                                  "refused")
     return cfg
 
 
-# settings that count applications of a layer or layers: bounded (a checkpoint's too), so none runs forever
-LOOPS = ("n_steps", "n_steps_eval", "n_layers", "n_encoder_layers", "n_decoder_layers", "n_abstractor_layers")
+# settings that count applications of a layer or layers: bounded (a checkpoint's too), so none runs
+# forever
+LOOPS = ("n_steps", "n_steps_eval", "n_layers", "n_encoder_layers", "n_decoder_layers",
+         "n_abstractor_layers")
 MAX_LOOPS = 10_000
 
 
-# --- settings by name ------------------------------------------------------------------------------------
+# --- settings by name
+# ------------------------------------------------------------------------------------
 
 def setting_types(task, model=None):
-    """{setting: int, float, bool or str}: what --set may change in a run of ``task`` with ``model`` (when
-    known): the fields of the run's config, of the task options and of the model's own."""
+    """{setting: int, float, bool or str}: what --set may change in a run of ``task`` with ``model``
+    (when known): the fields of the run's config, of the task options and of the model's own."""
     recipe = recipe_for(task)
     types = field_types(recipe, model if model in recipe.models else next(iter(recipe.models)))
     for name in ("task", "model", "preset"):   # not --set's to change
@@ -105,7 +121,8 @@ def setting_types(task, model=None):
             for k, t in types.items()}
 
 
-# settings a model reads only under another setting's value: the Abstractor's symbols (symbolic attention)
+# settings a model reads only under another setting's value: the Abstractor's symbols (symbolic
+# attention)
 CONDITIONAL = {"n_library": ("symbols", "symbolic")}
 
 
@@ -119,7 +136,8 @@ _EXPECTED = {"int": "an integer", "float": "a number", "bool": "true or false"}
 
 
 def _parse_value(key, text, task, model=None, allowed=None):
-    """--set values take the type of the field they override (in the model's own config when it is known)."""
+    """--set values take the type of the field they override (in the model's own config when it is
+    known)."""
     types = setting_types(task, model)
     kind = types.get(key)
     if kind is None and allowed is not None:   # a trained run: name only what it takes
@@ -135,23 +153,27 @@ def _parse_value(key, text, task, model=None, allowed=None):
 
 
 def parse_settings(items, task, model, allowed=None):
-    """--set KEY=VALUE strings → {key: typed value}. ``allowed``: the only keys taken (a trained run's)."""
+    """--set KEY=VALUE strings → {key: typed value}. ``allowed``: the only keys taken (a trained
+    run's)."""
     settings = {}
     for item in items:
         key, eq, value = item.partition("=")
         if not eq:
             raise UsageError(f"--set expects KEY=VALUE, got {item!r}")
-        if key in ("task", "model", "preset", "device"):   # they choose the settings --set changes, or where
+        # they choose the settings --set changes, or where
+        if key in ("task", "model", "preset", "device"):
             raise UsageError(f"--set {item}: use --{key} {value} instead")
         if allowed is not None and key not in allowed:
-            raise UsageError(f"--set {item}: a trained run takes only {', '.join(k + '=N' for k in allowed)}")
+            raise UsageError(f"--set {item}: a trained run takes only "
+                             f"{', '.join(k + '=N' for k in allowed)}")
         settings[key] = _parse_value(key, value, task, model, allowed)
         _refuse_ignored(key, item, task, model)
     return settings
 
 
 def _refuse_ignored(key, item, task, model):
-    """A setting the model never reads would change nothing: refused, naming the models that do read it."""
+    """A setting the model never reads would change nothing: refused, naming the models that do read
+    it."""
     recipe = recipe_for(task)
     if model in recipe.models and key in recipe.ignored_settings(model):
         readers = [m for m in recipe.models if key in fields(recipe.model_config_class(m))
@@ -162,12 +184,13 @@ def _refuse_ignored(key, item, task, model):
 
 def saved_settings(ckpt, path):
     """The checkpoint's configuration as flat {setting: value} (``settings``: any layout, older ones
-    included), each value checked against its setting's type and the whole against the checkpoint's identity:
-    a mistyped or edited configuration is refused here rather than failing later."""
+    included), each value checked against its setting's type and the whole against the checkpoint's
+    identity: a mistyped or edited configuration is refused here rather than failing later."""
     config = ckpt["config"]
     types = setting_types(config["task"], config["model"])
     flat = settings(config)
-    ok = {int: _int, float: _number, bool: lambda v: isinstance(v, bool), str: lambda v: isinstance(v, str)}
+    ok = {int: _int, float: _number, bool: lambda v: isinstance(v, bool),
+          str: lambda v: isinstance(v, str)}
     for key, value in flat.items():
         kind = types.get(key)
         if kind is None and key not in ("task", "model", "preset"):
@@ -178,87 +201,103 @@ def saved_settings(ckpt, path):
                             f"{value!r:.40})")
     loops = [k for k in LOOPS if _int(flat.get(k)) and flat[k] > MAX_LOOPS]
     if loops:
-        raise Corrupted(f"checkpoint {path} is corrupted (config.{loops[0]}: {flat[loops[0]]}, above "
+        raise Corrupted(f"checkpoint {path} is corrupted (config.{loops[0]}: {flat[loops[0]]}, "
+                        "above "
                         f"{MAX_LOOPS:,})")
     # not in the identity, so checked here (a resume runs there)
     if flat.get("device") not in (None, "cpu", "gpu"):
-        raise Corrupted(f"checkpoint {path} is corrupted (config.device: {flat['device']!r:.40}, not cpu or "
+        raise Corrupted(f"checkpoint {path} is corrupted (config.device: {flat['device']!r:.40}, "
+                        "not cpu or "
                         "gpu)")
     # as make_config has them: > 0
     for key in ("steps", "batch_size", "lr", "eval_every", "eval_batch_size"):
         if flat.get(key) is not None and not flat[key] > 0:
-            raise Corrupted(f"checkpoint {path} is corrupted (config.{key}: {flat[key]}, not positive)")
-    rest = {k: v for k, v in flat.items() if k not in ("steps", "device", "eval_every", "eval_batch_size")}
+            raise Corrupted(f"checkpoint {path} is corrupted (config.{key}: {flat[key]}, not "
+                            "positive)")
+    rest = {k: v for k, v in flat.items()
+            if k not in ("steps", "device", "eval_every", "eval_batch_size")}
     if json.loads(json.dumps(rest)) != settings(ckpt["identity"]):
         raise Corrupted(f"checkpoint {path} is corrupted (its config and identity disagree)")
     return flat
 
 
 def resume_settings(out_dir, task=None, model=None, preset=None):
-    """The settings of the run saved in out_dir (task, model, preset and the rest, flat), for a --resume that
-    takes them from its checkpoint; a --task, --model or --preset given, and not the run's, is refused. (Its
-    device: resume_device.)"""
+    """The settings of the run saved in out_dir (task, model, preset and the rest, flat), for a
+    --resume that takes them from its checkpoint; a --task, --model or --preset given, and not the
+    run's, is refused. (Its device: resume_device.)"""
     path = os.path.join(out_dir, CHECKPOINT)
     saved = saved_settings(load_checkpoint(path), path)
     for flag, given in (("task", task), ("model", model), ("preset", preset)):
         if given is not None and given != saved[flag]:
-            raise UsageError(f"{out_dir} holds a {saved['task']} / {saved['model']} run ({saved['preset']} "
+            raise UsageError(f"{out_dir} holds a {saved['task']} / {saved['model']} run "
+                             f"({saved['preset']} "
                              "preset), "
-                             f"not --{flag} {given}: a resume continues the run as it is (drop --{flag}, or "
+                             f"not --{flag} {given}: a resume continues the run as it is (drop "
+                             f"--{flag}, or "
                              "choose another --out)")
     saved.pop("device", None)
     return saved
 
 
 def resume_device(out_dir, given=None):
-    """The device a --resume of out_dir runs on: ``given`` (--device), else the run's own, so that a GPU run
-    continues on the GPU (on the CPU it would be ~10× slower and not bit for bit); where there is no GPU, the
-    error says how to move it. A directory without a checkpoint is left to the resume's own check."""
+    """The device a --resume of out_dir runs on: ``given`` (--device), else the run's own, so that a
+    GPU run continues on the GPU (on the CPU it would be ~10× slower and not bit for bit); where
+    there is no GPU, the error says how to move it. A directory without a checkpoint is left to the
+    resume's own check."""
     path = os.path.join(out_dir, CHECKPOINT)
     if given is not None or not os.path.exists(path):
         return "cpu" if given is None else given
-    device = saved_settings(load_checkpoint(path), path).get("device") or "cpu"   # null in a hand-made config
+    # null in a hand-made config
+    device = saved_settings(load_checkpoint(path), path).get("device") or "cpu"
     if device == "gpu":
         try:
             backend.get_xp("gpu")
         except backend.DeviceError as e:
-            raise UsageError(f"{e}; the run in {out_dir} was trained on the GPU: --device cpu continues it "
+            raise UsageError(f"{e}; the run in {out_dir} was trained on the GPU: --device cpu "
+                             "continues it "
                              "on the CPU") from None
     return device
 
 
 def refuse_unread(cfg, overrides):
-    """A --set setting that the model reads only under another setting's value, given without it, would change
-    nothing: refused (as _refuse_ignored refuses one the model never reads)."""
+    """A --set setting that the model reads only under another setting's value, given without it,
+    would change nothing: refused (as _refuse_ignored refuses one the model never reads)."""
     for key, (other, value) in CONDITIONAL.items():
         if key in overrides and getattr(cfg.model_config, other, value) != value:
-            raise UsageError(f"--set {key}={overrides[key]}: {key} is read only with {other}={value} (this "
+            raise UsageError(f"--set {key}={overrides[key]}: {key} is read only with "
+                             f"{other}={value} (this "
                              "run has "
-                             f"{other}={getattr(cfg.model_config, other)}), so it would change nothing")
+                             f"{other}={getattr(cfg.model_config, other)}), so it would change "
+                             "nothing")
 
 
 def resume_check(cfg, out_dir):
-    """The checkpoint in out_dir, checked for a --resume with ``cfg``: whole (optimizer state included) and
-    written by this run; ``cfg.steps`` and ``cfg.eval_every`` None become the run's own."""
+    """The checkpoint in out_dir, checked for a --resume with ``cfg``: whole (optimizer state
+    included) and written by this run; ``cfg.steps`` and ``cfg.eval_every`` None become the run's
+    own."""
     path = os.path.join(out_dir, CHECKPOINT)
     ckpt = load_checkpoint(path)
     check_resumable(ckpt, path)
     saved = saved_settings(ckpt, path)
     cfg.steps = saved["steps"] if cfg.steps is None else cfg.steps
     cfg.eval_every = saved["eval_every"] if cfg.eval_every is None else cfg.eval_every
-    # compared setting by setting, so that a checkpoint whose config has the older layout (task options and
-    # schedule inside model_config) belongs to the same run
+    # compared setting by setting, so that a checkpoint whose config has the older layout (task
+    # options and schedule inside model_config) belongs to the same run
     was, now = settings(ckpt["identity"]), settings(identity(cfg))
     diff = sorted(k for k in was.keys() | now.keys() if was.get(k) != now.get(k))
     if diff:
         raise UsageError(f"checkpoint in {out_dir} was written by a different run (differs in: "
                          f"{', '.join(diff)}); nothing was overwritten")
-    if ckpt.get("plain", is_plain()) != is_plain():   # absent before the path was recorded: not checked
+    # absent before the path was recorded: not checked
+    if ckpt.get("plain", is_plain()) != is_plain():
         was = int(ckpt["plain"])
-        raise UsageError(f"{out_dir} was trained with MINATTN_PLAIN={was} and this resume runs with "
-                         f"MINATTN_PLAIN={1 - was}: the two paths agree to ~1e-4, not bit for bit; continue "
+        raise UsageError(f"{out_dir} was trained with MINATTN_PLAIN={was} and this resume runs "
+                         "with "
+                         f"MINATTN_PLAIN={1 - was}: the two paths agree to ~1e-4, not bit for bit; "
+                         "continue "
                          f"with MINATTN_PLAIN={was}")
     if cfg.steps < ckpt["step"]:
-        raise UsageError(f"--steps {cfg.steps} is below step {ckpt['step']}, which {out_dir} has already "
+        raise UsageError(f"--steps {cfg.steps} is below step {ckpt['step']}, which {out_dir} has "
+                         "already "
                          "reached")
     return ckpt

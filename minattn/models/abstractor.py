@@ -54,12 +54,14 @@ class PositionalSymbols(Module):
         if kind == "learned":
             self.symbols = Parameter(rng.standard_normal((max_len, d_model)).astype(backend.DEFAULT_DTYPE))
         else:
-            self.symbols = sinusoidal_positions(max_len, d_model, "concat")  # a buffer: moves with .to()
+            # a buffer: moves with .to()
+            self.symbols = sinusoidal_positions(max_len, d_model, "concat")
 
     def forward(self, x):
         B, T = x.shape[:2]
         if T > self.max_len:
-            raise ValueError(f"{T} objects, but the positional symbols were built for at most {self.max_len}")
+            raise ValueError(f"{T} objects, but the positional symbols were built for at most "
+                             f"{self.max_len}")
         S = self.symbols[:T] if isinstance(self.symbols, Tensor) else Tensor(self.symbols[:T])
         return F.broadcast_to(S, (B, T, S.shape[1]))
 
@@ -82,7 +84,8 @@ class SymbolicAttention(Module):
         self.library = Parameter((0.05 * rng.standard_normal((n_symbols, d_model))).astype(f32))
         self.binding = Parameter((0.05 * rng.standard_normal((n_head, n_symbols,
                                                               self.d_binding))).astype(f32))
-        self.w_q = Parameter(xavier_uniform(rng, d_model, n_head * self.d_binding))   # no bias (the code)
+        # no bias (the code)
+        self.w_q = Parameter(xavier_uniform(rng, d_model, n_head * self.d_binding))
 
     def forward(self, x):
         B, T, C = x.shape
@@ -116,7 +119,8 @@ class AbstractorConfig(EncoderDecoderConfig):
     n_library: int = 256               # symbolic attention: library size n_s
     add_pe: bool = True                # A^(0) = Drop(√d · S + PE); False: A^(0) = S
     symbol_self_attention: bool = True  # step 1 of §3 in every layer
-    rca_residual: bool = True          # A ← LN(A + RCA); False: A ← RCA (the pre-training "SimpleAbstractor")
+    # A ← LN(A + RCA); False: A ← RCA (the pre-training "SimpleAbstractor")
+    rca_residual: bool = True
     attend_a1: bool = False            # architecture (e): the decoder also attends to A1
 
 
@@ -181,15 +185,18 @@ class AbstractorSeq2Seq(Seq2SeqTransformer):
     architecture, (a)/(b) [A], (d) [E, A], (e) [E, A2] or [E, A1, A2], where A = Abstractor(E) and
     A2 = Abstractor(A1)."""
 
-    def __init__(self, n_tgt_tokens, n_classes, cfg, d_src=None, n_src_tokens=None, seed=0, ablation=False):
+    def __init__(self, n_tgt_tokens, n_classes, cfg, d_src=None, n_src_tokens=None, seed=0,
+                 ablation=False):
         contexts = {"a": 1, "b": 1, "d": 2, "e": 3 if cfg.attend_a1 else 2}
         if cfg.architecture not in contexts:
             raise ValueError(f"unknown architecture {cfg.architecture!r}; use one of a, b, d, e")
         if not ablation and cfg.activation not in ACTIVATIONS:
-            raise ValueError(f"unknown activation {cfg.activation!r}; use one of {', '.join(ACTIVATIONS)}")
+            raise ValueError(f"unknown activation {cfg.activation!r}; use one of "
+                             f"{', '.join(ACTIVATIONS)}")
         if cfg.architecture == "a":
             cfg = dataclasses.replace(cfg, n_encoder_layers=0)   # (a) has no encoder
-        super().__init__(n_tgt_tokens, n_classes, cfg, d_src, n_src_tokens, seed, contexts[cfg.architecture])
+        super().__init__(n_tgt_tokens, n_classes, cfg, d_src, n_src_tokens, seed,
+                         contexts[cfg.architecture])
         rng = np.random.default_rng([seed, 1])
         n_abstractors = 2 if cfg.architecture == "e" else 1
         self.abstractors = [Abstractor(cfg, rng, ablation) for _ in range(n_abstractors)]
@@ -231,7 +238,8 @@ def build_seq2seq(name, n_tgt_tokens, n_classes, cfg, d_src=None, n_src_tokens=N
     """The sorting model ``name`` (a row of ``SEQ2SEQ_MODELS``)."""
     if name not in SEQ2SEQ_MODELS:
         raise ValueError(f"unknown model {name!r}; valid models: {', '.join(SEQ2SEQ_MODELS)}")
-    return SEQ2SEQ_MODELS[name]["build"](n_tgt_tokens, n_classes, cfg, d_src=d_src, n_src_tokens=n_src_tokens,
+    return SEQ2SEQ_MODELS[name]["build"](n_tgt_tokens, n_classes, cfg, d_src=d_src,
+                                         n_src_tokens=n_src_tokens,
                                          seed=seed)
 
 
@@ -253,7 +261,8 @@ class SimplifiedConfig:
     dropout: float = 0.1
     ln_eps: float = 1e-3
     head_hidden: int = 32        # hidden ReLU layer of the head; 0 = none (SET)
-    init: str = "default"        # "keras": W_q/W_k and biases as the reference code (docs/abstractor.md §5.1)
+    # "keras": W_q/W_k and biases as the reference code (docs/abstractor.md §5.1)
+    init: str = "default"
 
 
 class SimplifiedAbstractorLayer(Module):
@@ -291,7 +300,8 @@ class RelationalClassifier(Module):
         X = self.embed(x)
         A = self.symbols(X)
         for layer in self.layers:
-            A = layer(A, X)                  # the values change from layer to layer; X stays the same
+            # the values change from layer to layer; X stays the same
+            A = layer(A, X)
         h = A.reshape(A.shape[0], -1)
         if self.hidden is not None:
             h = F.relu(self.hidden(h))

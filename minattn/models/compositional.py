@@ -29,7 +29,8 @@ class CRTConfig:
     retrievals: int = 4    # R_gt of the task; compositional attention uses R = R_gt retrievals
     n_head: int = 0        # MHA heads h (0: h = searches; Table 6 also runs 4 and 8 heads)
     d_model: int = 64      # D = search_dim = value_dim
-    concat: bool = True    # append the token's own projection x W_c before W_o (always on in the CRT)
+    # append the token's own projection x W_c before W_o (always on in the CRT)
+    concat: bool = True
     # compositional: one retrieval key W̄_k^r per retrieval (docs/compositional.md §3.4)
     separate: bool = False
 
@@ -42,7 +43,8 @@ class CRTMultiHeadAttention(Module):
     (docs/compositional.md §5)."""
     last_weights = None
 
-    def __init__(self, d_model, n_head, search_dim=None, value_dim=None, concat=True, mask_diagonal=True,
+    def __init__(self, d_model, n_head, search_dim=None, value_dim=None, concat=True,
+                 mask_diagonal=True,
                  rng=None):
         rng = rng or np.random.default_rng(0)
         search_dim, value_dim = search_dim or d_model, value_dim or d_model
@@ -64,7 +66,8 @@ class CRTMultiHeadAttention(Module):
         q, k = (f(x).reshape(B, T, H, ds).transpose(0, 2, 1, 3) for f in (self.query, self.key))
         # (B, H, T, dv)
         v = self.value(x).reshape(B, T, H, dv).transpose(0, 2, 1, 3)
-        logits = (q @ k.swapaxes(-1, -2)) * (1.0 / math.sqrt(ds))                             # (B, H, T, T)
+        # (B, H, T, T)
+        logits = (q @ k.swapaxes(-1, -2)) * (1.0 / math.sqrt(ds))
         invalid = search_mask(key_mask, T, self.mask_diagonal, x.data)
         if invalid is not None:
             logits = F.masked_fill(logits, invalid, F.MASKED)
@@ -87,7 +90,8 @@ def _compositional(score):
 
 # The CRT models by name: the attention layer each builds from the config, ``(cfg, rng) → module``.
 MODELS = {
-    "mha": dict(attention=lambda cfg, rng: CRTMultiHeadAttention(cfg.d_model, cfg.n_head or cfg.searches,
+    "mha": dict(attention=lambda cfg,
+                rng: CRTMultiHeadAttention(cfg.d_model, cfg.n_head or cfg.searches,
                                                                 concat=cfg.concat, rng=rng),
                 ignores=("separate",)),
     "compositional": dict(attention=_compositional("dot"), ignores=("n_head",)),

@@ -5,8 +5,9 @@ All of them are Universal Transformers: ONE shared layer applied ``n_steps`` tim
 differ at test time). Two layer types:
 
 * ``PostLNLayer`` (docs/ndr.md §4.1): x ← LN(x + Drop(Attn(x))); x ← LN(x + Drop(FF(x))).
-* ``CopyGateLayer`` (docs/ndr.md §2, the NDR layer; docs/ndr.md §4.3, the "+ gate" baselines): a gate
-  per column and channel decides whether the column is updated or simply copies its state to the next step:
+* ``CopyGateLayer`` (docs/ndr.md §2, the NDR layer; docs/ndr.md §4.3, the "+ gate" baselines): a
+  gate per column and channel decides whether the column is updated or simply copies its state to
+  the next step:
       a  = LN(h + Drop(Attn(h)))
       u  = LN(W2 Drop(ReLU(W1 a)))          (NDR)   or  tanh(...) (gated baselines)
       g  = σ(G2 Drop(ReLU(G1 a)) + c2),     c2 initialised to −3, so layers start near "copy"
@@ -14,10 +15,10 @@ differ at test time). Two layer types:
   Gate dropout (code only) zeroes the whole gate of a column for a step: that column copies.
 
 ``Classifier`` embeds [SOS, x…, EOS], runs the encoder and reads one column (EOS or SOS) through a
-linear layer. ``ARCHITECTURES`` names the models: one row each (layer, attention, input positions). An
-attention drop-in is its file in minattn/attention/ plus one row here: the row's ``attention`` builds it
-from the config (``(cfg, rng) → module``, with ``forward(x, key_mask=None)`` and a ``record`` flag that
-keeps ``last_weights``).
+linear layer. ``ARCHITECTURES`` names the models: one row each (layer, attention, input positions).
+An attention drop-in is its file in minattn/attention/ plus one row here: the row's ``attention``
+builds it from the config (``(cfg, rng) → module``, with ``forward(x, key_mask=None)`` and a
+``record`` flag that keeps ``last_weights``).
 """
 import math
 from dataclasses import dataclass
@@ -33,7 +34,8 @@ from ..attention.multihead import MultiHeadAttention
 from ..attention.relative import RelativeMultiHeadAttention
 from ..engine import faster
 from ..nn import gated_mix, linear_relu_dropout, residual_norm
-from ..nn import Dropout, Embedding, FeedForward, LayerNorm, Linear, Module, sinusoidal_positions, xavier_uniform
+from ..nn import (Dropout, Embedding, FeedForward, LayerNorm, Linear, Module, sinusoidal_positions,
+                  xavier_uniform)
 
 
 @dataclass
@@ -41,7 +43,8 @@ class EncoderConfig:
     """Hyperparameters of the encoder models (defaults: NDR on CTL, docs/ndr.md §8)."""
     d_model: int = 256             # state size d
     n_head: int = 1                # attention heads H
-    d_ff: int = 512                # feed-forward hidden size (4·d_model in every gated-baseline preset)
+    # feed-forward hidden size (4·d_model in every gated-baseline preset)
+    d_ff: int = 512
     n_steps: int = 14              # applications of the shared layer in training
     n_steps_eval: int = 0          # ... at evaluation (0: same as n_steps; ListOps NDR uses 24)
     dropout: float = 0.5           # attention output, FF hidden and gate hidden dropout
@@ -50,16 +53,19 @@ class EncoderConfig:
     embedding_init: str = "normal"  # "normal" N(0,1), "kaiming" N(0, 2/d), or "xavier"
     readout: str = "eos"           # which column the classifier reads: "eos" or "sos"
     n_search: int = 0              # compositional attention: searches S (0: n_head)
-    n_retrieval: int = 0           # compositional attention: retrievals R (0: n_head; S = R = H contains MHA)
+    # compositional attention: retrievals R (0: n_head; S = R = H contains MHA)
+    n_retrieval: int = 0
 
 
 class PostLNLayer(Module):
-    """The standard post-norm layer (docs/ndr.md §4.1); W1/W2 Xavier-initialised with gains sqrt(2)/1."""
+    """The standard post-norm layer (docs/ndr.md §4.1); W1/W2 Xavier-initialised with gains
+    sqrt(2)/1."""
 
     def __init__(self, attention, cfg, rng):
         self.attn = attention
         self.norm1, self.norm2 = LayerNorm(cfg.d_model), LayerNorm(cfg.d_model)
-        self.ff = FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout, rng, gain1=math.sqrt(2), xavier=True)
+        self.ff = FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout, rng, gain1=math.sqrt(2),
+                              xavier=True)
         self.drop1, self.drop2 = Dropout(cfg.dropout), Dropout(cfg.dropout)
 
     def forward(self, x, key_mask=None):
@@ -68,10 +74,10 @@ class PostLNLayer(Module):
 
 
 class CopyGateLayer(Module):
-    """The copy-gated layer: NDR (``tanh_out=False``, LN on the data path) or the "+ gate"
-    baselines (``tanh_out=True``: tanh instead of LN, default W2 init). The official code hard-wires the
-    baselines' d_ff to 4·d (docs/ndr.md §4.3); here the presets set ``d_ff = 4·d``, so the config says
-    what the model uses."""
+    """The copy-gated layer: NDR (``tanh_out=False``, LN on the data path) or the "+ gate" baselines
+    (``tanh_out=True``: tanh instead of LN, default W2 init). The official code hard-wires the
+    baselines' d_ff to 4·d (docs/ndr.md §4.3); here the presets set ``d_ff = 4·d``, so the config
+    says what the model uses."""
 
     def __init__(self, attention, cfg, rng, tanh_out=False):
         d = cfg.d_model
@@ -83,12 +89,15 @@ class CopyGateLayer(Module):
             self.ff = FeedForward(d, cfg.d_ff, cfg.dropout, rng)
             self.ff.fc1.weight.data = xavier_uniform(rng, d, cfg.d_ff, math.sqrt(2))
         else:
-            self.ff = FeedForward(d, cfg.d_ff, cfg.dropout, rng, gain1=math.sqrt(2), gain2=5 / 3, xavier=True)
+            self.ff = FeedForward(d, cfg.d_ff, cfg.dropout, rng, gain1=math.sqrt(2), gain2=5 / 3,
+                                  xavier=True)
             self.norm_out = LayerNorm(d)
-        # The gate's hidden layer is dropped out together with the feed-forward's (self.ff.dropout, below).
+        # The gate's hidden layer is dropped out together with the feed-forward's (self.ff.dropout,
+        # below).
         self.gate = FeedForward(d, d, 0.0, rng, gain1=math.sqrt(2), gain2=1.0, xavier=True)
         self.gate.fc2.bias.data[:] = -3.0   # σ(−3) ≈ 0.047: start close to "copy the state"
-        # Gate dropout (the code's): closes the whole gate of a column for a step, without rescaling.
+        # Gate dropout (the code's): closes the whole gate of a column for a step, without
+        # rescaling.
         self.gate_dropout = Dropout(cfg.gate_dropout, scale=False, shared_axes=(-1,))
         self.last_gate = None
 
@@ -99,14 +108,18 @@ class CopyGateLayer(Module):
 
     def forward(self, h, key_mask=None):
         B, T, d = h.shape
-        a = faster(residual_norm)(self.norm_merge, h, self.drop_att, self.attn(h, key_mask=key_mask))
-        # FF(a) = W2 Drop(ReLU(W1 a + b1)) + b2 and the gate's FF_g(a) read the same a: their first layers
-        # are one matmul, one ReLU and one dropout over d_ff + d columns (on a GPU: launches once, not twice).
+        a = faster(residual_norm)(self.norm_merge, h, self.drop_att,
+                                  self.attn(h, key_mask=key_mask))
+        # FF(a) = W2 Drop(ReLU(W1 a + b1)) + b2 and the gate's FF_g(a) read the same a: their first
+        # layers are one matmul, one ReLU and one dropout over d_ff + d columns (on a GPU: launches
+        # once, not twice).
         W1, b1 = self.once("first_layers", self.first_layers)
-        hidden = faster(linear_relu_dropout)(a.reshape(B * T, d), W1, b1, self.ff.dropout)   # (B·T, d_ff + d)
+        # (B·T, d_ff + d)
+        hidden = faster(linear_relu_dropout)(a.reshape(B * T, d), W1, b1, self.ff.dropout)
         f = self.ff.fc2(hidden[:, :self.ff.fc1.weight.shape[1]])
         u = F.tanh(f) if self.tanh_out else self.norm_out(f)
-        # g = Drop(σ(G2 · + c2)); h' = h + g ⊙ (u − h) = g ⊙ u + (1 − g) ⊙ h, using the pre-attention h
+        # g = Drop(σ(G2 · + c2)); h' = h + g ⊙ (u − h) = g ⊙ u + (1 − g) ⊙ h, using the
+        # pre-attention h
         h_next, g = faster(gated_mix)(h, u, hidden[:, -d:], self.gate.fc2, self.gate_dropout)
         if self.record:
             self.last_gate = g
@@ -120,10 +133,11 @@ class CoDAEncoderConfig(CoDAConfig, EncoderConfig):
 
 @dataclass(frozen=True)
 class Architecture:
-    """One encoder model: its layer ("postln", "gate" (NDR) or "gate-tanh" (the "+ gate" baselines)), its
-    attention (``(cfg, rng) → module``), sinusoidal input positions or not, the gate its training log
-    follows (``gate_mean``: "copy", the layer's; "coda", the attention's; None), its config class, and the
-    settings of that class it never reads (``ignores``: ``--set`` refuses them rather than ignore them)."""
+    """One encoder model: its layer ("postln", "gate" (NDR) or "gate-tanh" (the "+ gate"
+    baselines)), its attention (``(cfg, rng) → module``), sinusoidal input positions or not, the
+    gate its training log follows (``gate_mean``: "copy", the layer's; "coda", the attention's;
+    None), its config class, and the settings of that class it never reads (``ignores``: ``--set``
+    refuses them rather than ignore them)."""
     layer: str
     attention: object
     input_pe: bool = False
@@ -144,23 +158,32 @@ ARCHITECTURES = {
         attention=lambda cfg, rng: MultiHeadAttention(cfg.d_model, cfg.n_head, rng=rng)),
     "transformer-rel": Architecture(
         layer="postln", ignores=NO_GATE + NOT_COMPOSITIONAL,
-        attention=lambda cfg, rng: RelativeMultiHeadAttention(cfg.d_model, cfg.n_head, cfg.attention_dropout,
+        attention=lambda cfg,
+                                    rng: RelativeMultiHeadAttention(cfg.d_model, cfg.n_head,
+                                                                    cfg.attention_dropout,
                                                               rng=rng)),
     "transformer-rel-gate": Architecture(
         layer="gate-tanh", gate="copy", ignores=NOT_COMPOSITIONAL,
-        attention=lambda cfg, rng: RelativeMultiHeadAttention(cfg.d_model, cfg.n_head, cfg.attention_dropout,
+        attention=lambda cfg,
+                                         rng: RelativeMultiHeadAttention(cfg.d_model, cfg.n_head,
+                                                                         cfg.attention_dropout,
                                                               rng=rng)),
     "transformer-absrel-gate": Architecture(
         layer="gate-tanh", gate="copy", ignores=NOT_COMPOSITIONAL,
-        attention=lambda cfg, rng: RelativeMultiHeadAttention(cfg.d_model, cfg.n_head, cfg.attention_dropout,
+        attention=lambda cfg,
+                                            rng: RelativeMultiHeadAttention(cfg.d_model, cfg.n_head,
+                                                                            cfg.attention_dropout,
                                                               abs_gate=True, rng=rng)),
     "transformer-geom": Architecture(
         layer="postln", ignores=NO_GATE + NOT_COMPOSITIONAL,
-        attention=lambda cfg, rng: GeometricAttention(cfg.d_model, cfg.n_head, cfg.attention_dropout,
+        attention=lambda cfg,
+                                     rng: GeometricAttention(cfg.d_model, cfg.n_head,
+                                                             cfg.attention_dropout,
                                                       normalize=True, rng=rng)),
     "ndr": Architecture(
         layer="gate", gate="copy", ignores=NOT_COMPOSITIONAL,
-        attention=lambda cfg, rng: GeometricAttention(cfg.d_model, cfg.n_head, cfg.attention_dropout, rng=rng)),
+        attention=lambda cfg,
+                        rng: GeometricAttention(cfg.d_model, cfg.n_head, cfg.attention_dropout, rng=rng)),
     "transformer-compositional": Architecture(
         layer="postln", input_pe=True, ignores=("attention_dropout",) + NO_GATE,
         attention=lambda cfg, rng: CompositionalAttention(cfg.d_model, cfg.n_search or cfg.n_head,
@@ -174,7 +197,8 @@ ARCHITECTURES = {
 
 
 def _embedding_init(cfg, vocab_size, rng):
-    """The official code's embedding inits (docs/ndr.md §5): N(0, 1), Kaiming-normal N(0, 2/d), or Xavier-uniform."""
+    """The official code's embedding inits (docs/ndr.md §5): N(0, 1), Kaiming-normal N(0, 2/d), or
+    Xavier-uniform."""
     if cfg.embedding_init == "normal":
         w = rng.standard_normal((vocab_size, cfg.d_model))
     elif cfg.embedding_init == "kaiming":
@@ -182,7 +206,8 @@ def _embedding_init(cfg, vocab_size, rng):
     elif cfg.embedding_init == "xavier":
         w = xavier_uniform(rng, vocab_size, cfg.d_model)
     else:
-        raise ValueError(f"unknown embedding_init {cfg.embedding_init!r}; use normal, kaiming or xavier")
+        raise ValueError(f"unknown embedding_init {cfg.embedding_init!r}; use normal, kaiming or "
+                         "xavier")
     return w.astype(backend.DEFAULT_DTYPE)
 
 
@@ -194,10 +219,12 @@ class UniversalEncoder(Module):
         arch = ARCHITECTURES[name]
         self.input_pe = arch.input_pe
         if cfg.d_model < 1 or cfg.n_steps < 1 or cfg.n_steps_eval < 0:
-            raise ValueError(f"need d_model ≥ 1, n_steps ≥ 1 and n_steps_eval ≥ 0 (0: as n_steps), got "
+            raise ValueError(f"need d_model ≥ 1, n_steps ≥ 1 and n_steps_eval ≥ 0 (0: as n_steps), "
+                             "got "
                              f"{cfg.d_model}, {cfg.n_steps} and {cfg.n_steps_eval}")
         self.cfg = cfg
-        self.embedding = Embedding(vocab_size, cfg.d_model, weight=_embedding_init(cfg, vocab_size, rng))
+        self.embedding = Embedding(vocab_size, cfg.d_model,
+                                   weight=_embedding_init(cfg, vocab_size, rng))
         attention = arch.attention(cfg, rng)
         if arch.layer == "postln":
             self.layer = PostLNLayer(attention, cfg, rng)
@@ -213,21 +240,26 @@ class UniversalEncoder(Module):
         h = self.embedding(ids)
         if self.input_pe:
             if T > len(self.pe):
-                self.pe = backend.to_device(sinusoidal_positions(2 * T, self.cfg.d_model), backend.device_of(ids))
+                self.pe = backend.to_device(sinusoidal_positions(2 * T, self.cfg.d_model),
+                                            backend.device_of(ids))
             h = self.input_dropout(h + self.pe[:T])
-        steps = n_steps or (self.cfg.n_steps if self.training or not self.cfg.n_steps_eval else self.cfg.n_steps_eval)
+        evaluating = not self.training and self.cfg.n_steps_eval
+        steps = n_steps or (self.cfg.n_steps_eval if evaluating else self.cfg.n_steps)
         self.layer.attn.record = self.layer.record = trace is not None
-        with self.layer.repeated(steps):   # one layer, applied `steps` times (minattn/fast/shared_layer.py)
+        # one layer, applied `steps` times (minattn/fast/shared_layer.py)
+        with self.layer.repeated(steps):
             for _ in range(steps):
                 h = self.layer(h, key_mask=key_mask)
                 if trace is not None:
-                    trace.append((self.layer.attn.last_weights, getattr(self.layer, "last_gate", None)))
+                    trace.append((self.layer.attn.last_weights,
+                                  getattr(self.layer, "last_gate", None)))
         self.layer.attn.record = self.layer.record = False
         return h
 
 
 class Classifier(Module):
-    """[SOS, x_1..x_n, EOS] → encoder → the EOS (or SOS) column → Linear(d → n_classes) (docs/ndr.md §1)."""
+    """[SOS, x_1..x_n, EOS] → encoder → the EOS (or SOS) column → Linear(d → n_classes)
+    (docs/ndr.md §1)."""
 
     def __init__(self, name, n_tokens, n_classes, cfg, seed=0):
         if name not in ARCHITECTURES:
@@ -241,7 +273,8 @@ class Classifier(Module):
         self.head = Linear(cfg.d_model, n_classes, rng=rng)
 
     def forward(self, ids, lengths, n_steps=None, trace=None):
-        """ids (B, T) with SOS at 0 and EOS at lengths−1; lengths (B,) int. Returns logits (B, n_classes)."""
+        """ids (B, T) with SOS at 0 and EOS at lengths−1; lengths (B,) int. Returns logits (B,
+        n_classes)."""
         xp = backend.array_module(ids)
         B, T = ids.shape
         key_mask = xp.arange(T)[None, :] < lengths[:, None]

@@ -37,16 +37,20 @@ from ..nn import Dropout, Embedding, GRUCell, Linear, LSTMCell, Module, Paramete
 @dataclass
 class Seq2AttnConfig:
     """Hyperparameters; the defaults are seq2attn on the lookup tables (docs/seq2attn.md §2.5)."""
-    d_embedding: int = 256            # E, size of the input embeddings (the attention values under E)
+    # E, size of the input embeddings (the attention values under E)
+    d_embedding: int = 256
     d_hidden: int = 256               # H, every RNN state and the target embeddings
     cell: str = "gru"                 # "gru" or "lstm"
     n_layers: int = 1                 # stacked layers in encoder, transcoder and decoder
-    dropout: float = 0.0              # between stacked layers only (PyTorch's RNN): a no-op with one layer
-    gumbel: bool = True               # G: Gumbel-ST attention in training, argmax at evaluation; else softmax
+    # between stacked layers only (PyTorch's RNN): a no-op with one layer
+    dropout: float = 0.0
+    # G: Gumbel-ST attention in training, argmax at evaluation; else softmax
+    gumbel: bool = True
     embedding_values: bool = True     # E: attend over input embeddings; else over encoder states
     full_focus: bool = True           # F: multiply the decoder's previous state by the context
     transcoder: bool = True           # T: a separate query RNN, and a learned decoder initial state
-    temperature: str = "conditioned"  # Gumbel τ (G only): "conditioned" on the query, "latent" or "fixed"
+    # Gumbel τ (G only): "conditioned" on the query, "latent" or "fixed"
+    temperature: str = "conditioned"
     tau_init: float = 5.0             # τ of "fixed"; initial τ of "latent"
     tau_max: float = 5.0              # upper bound of the "conditioned" τ
     teacher_forcing: float = 0.5      # probability that a training sequence is fed its gold prefix
@@ -75,7 +79,8 @@ class RNN(Module):
 
     def __init__(self, cell, d_in, d_hidden, n_layers, dropout, rng):
         Cell = {"gru": GRUCell, "lstm": LSTMCell}[cell]
-        self.cells = [Cell(d_in if i == 0 else d_hidden, d_hidden, rng=rng) for i in range(n_layers)]
+        self.cells = [Cell(d_in if i == 0 else d_hidden, d_hidden, rng=rng)
+                      for i in range(n_layers)]
         self.lstm, self.d_hidden = cell == "lstm", d_hidden
         self.dropout = Dropout(dropout)
 
@@ -112,19 +117,24 @@ class Seq2Attn(Module):
         rng = np.random.default_rng(seed)
         self.cfg, self.sos_id = cfg, sos_id
         rnn = lambda d_in: RNN(cfg.cell, d_in, H, cfg.n_layers, cfg.dropout, rng)  # noqa: E731
-        self.embed_in = Embedding(in_vocab_size, E, rng=rng)       # E_in: encoder input, and values under E
+        # E_in: encoder input, and values under E
+        self.embed_in = Embedding(in_vocab_size, E, rng=rng)
         self.encoder = rnn(E)
-        self.embed_out = Embedding(out_vocab_size, H, rng=rng)     # E_out: shared by transcoder and decoder
+        # E_out: shared by transcoder and decoder
+        self.embed_out = Embedding(out_vocab_size, H, rng=rng)
         self.transcoder = rnn(H) if cfg.transcoder else None
-        self.attention = AdditiveAttention(H, H, H, "gumbel_st" if cfg.gumbel else "softmax", cfg.temperature,
+        self.attention = AdditiveAttention(H, H, H, "gumbel_st" if cfg.gumbel else "softmax",
+                                           cfg.temperature,
                                            cfg.tau_init, cfg.tau_max, rng=rng)
         self.decoder = rnn((E if cfg.embedding_values else H) + H)
         n_init = cfg.n_layers * (2 if cfg.cell == "lstm" else 1) if cfg.transcoder else 0
-        self.decoder_init = [Parameter(np.zeros((1, H), dtype=backend.DEFAULT_DTYPE)) for _ in range(n_init)]
+        self.decoder_init = [Parameter(np.zeros((1, H), dtype=backend.DEFAULT_DTYPE))
+                             for _ in range(n_init)]
         self.out = Linear(H, out_vocab_size, rng=rng)
         self.rng = None  # teacher-forcing draws (Module.set_rng)
         for name, p in self.named_parameters():
-            if not name.startswith(("attention.w_tau.", "attention.log_tau")):  # τ keeps its own init
+            # τ keeps its own init
+            if not name.startswith(("attention.w_tau.", "attention.log_tau")):
                 p.data = rng.uniform(-cfg.init_range, cfg.init_range, p.shape).astype(p.dtype)
 
     def encode(self, src, lengths):
@@ -139,7 +149,8 @@ class Seq2Attn(Module):
             states.append(state)
         rows, last = backend.array_module(src).arange(B), lengths - 1
         final = [tuple(F.stack(xs, axis=1)[rows, last] for xs in zip(*layer)) if self.encoder.lstm
-                 else F.stack(layer, axis=1)[rows, last] for layer in zip(*states)]   # one entry per layer
+                 else F.stack(layer, axis=1)[rows, last]
+                 for layer in zip(*states)]   # one entry per layer
         return emb, F.stack(outputs, axis=1), final
 
     def decode(self, src, src_lengths, steps, tgt=None, teacher_forcing=0.0):
@@ -167,13 +178,17 @@ class Seq2Attn(Module):
         prev = xp.full((B,), self.sos_id, dtype=src.dtype)
         logits, weights = [], []
         for t in range(steps):
-            x = self.embed_out(prev)                                              # x_t = E_out[y_{t−1}]
+            # x_t = E_out[y_{t−1}]
+            x = self.embed_out(prev)
             if self.transcoder is not None:
-                query, trans_state = self.transcoder(x, trans_state)              # s_t has read y_{t−1}
+                # s_t has read y_{t−1}
+                query, trans_state = self.transcoder(x, trans_state)
             else:
-                query = state[-1][0] if self.decoder.lstm else state[-1]          # h^dec_{t−1} (top layer)
+                # h^dec_{t−1} (top layer)
+                query = state[-1][0] if self.decoder.lstm else state[-1]
             alpha = self.attention(query, prepared)                               # (B, n)
-            context = (alpha.reshape(B, 1, n) @ values).reshape(B, -1)            # c_t = Σ_j α_tj v_j (Eq. 9)
+            # c_t = Σ_j α_tj v_j (Eq. 9)
+            context = (alpha.reshape(B, 1, n) @ values).reshape(B, -1)
             if self.cfg.full_focus:
                 state = _map(lambda h: h * context, state)                        # Eq. 12
             out, state = self.decoder(F.concat([context, x], axis=-1), state)
@@ -193,7 +208,8 @@ class Seq2Attn(Module):
         feeds back its own predictions, as the reference's validation loss does."""
         B, m = tgt.shape
         training = self.training and is_training()
-        logits, _ = self.decode(src, src_lengths, m, tgt, self.cfg.teacher_forcing if training else 0.0)
+        logits, _ = self.decode(src, src_lengths, m, tgt,
+                                self.cfg.teacher_forcing if training else 0.0)
         xp = backend.array_module(tgt)
         lengths = backend.to_device(tgt_lengths, backend.device_of(tgt))
         valid = xp.arange(m)[None, :] < lengths[:, None]

@@ -1,7 +1,7 @@
 """The post-LN encoder–decoder Transformer of the Abstractor paper's Keras code
-(docs/abstractor.md §4–5): its Transformer baseline (``transformer-seq2seq``), the frame its Abstractor
-models (models/abstractor.py) plug into by overriding ``encode``, and CoDA's variant with CoDA everywhere
-(``transformer-seq2seq-coda``, docs/coda.md §6).
+(docs/abstractor.md §4–5): its Transformer baseline (``transformer-seq2seq``), the frame its
+Abstractor models (models/abstractor.py) plug into by overriding ``encode``, and CoDA's variant with
+CoDA everywhere (``transformer-seq2seq-coda``, docs/coda.md §6).
 
 It differs from the NDR encoder's PostLNLayer (models/encoder.py): dropout on the FF output only
 (none on the attention output or the FF hidden layer), LayerNorm ε 1e-3, and attention heads that
@@ -37,8 +37,10 @@ class EncoderDecoderConfig:
     dropout: float = 0.1             # on the embedded inputs and on every FF output
     attention_dropout: float = 0.1   # on the attention weights
     ln_eps: float = 1e-3             # Keras' default
-    pe_layout: str = "concat"        # sinusoidal positions: "concat" (sin | cos halves) or "interleaved"
-    decoder_form: str = "paper"      # several contexts: "paper" (Alg. 2) or "code" (a full layer per context)
+    # sinusoidal positions: "concat" (sin | cos halves) or "interleaved"
+    pe_layout: str = "concat"
+    # several contexts: "paper" (Alg. 2) or "code" (a full layer per context)
+    decoder_form: str = "paper"
     # "keras": the reference code's kernels and zero biases (docs/abstractor.md §5.1)
     init: str = "default"
 
@@ -143,9 +145,11 @@ class Seq2SeqTransformer(Module):
     so).
     """
 
-    def __init__(self, n_tgt_tokens, n_classes, cfg, d_src=None, n_src_tokens=None, seed=0, n_contexts=1):
+    def __init__(self, n_tgt_tokens, n_classes, cfg, d_src=None, n_src_tokens=None, seed=0,
+                 n_contexts=1):
         if (d_src is None) == (n_src_tokens is None):
-            raise ValueError("give exactly one of d_src (vector inputs) and n_src_tokens (token inputs)")
+            raise ValueError("give exactly one of d_src (vector inputs) and n_src_tokens (token "
+                             "inputs)")
         if cfg.decoder_form not in ("paper", "code"):
             raise ValueError(f"unknown decoder_form {cfg.decoder_form!r}; use 'paper' or 'code'")
         check_init(cfg.init)
@@ -160,7 +164,8 @@ class Seq2SeqTransformer(Module):
         if d_src is not None:
             self.src_embed = dense(d_src, d, rng)
         else:
-            self.src_embed = Embedding(n_src_tokens, d, weight=rng.uniform(-0.05, 0.05, (n_src_tokens, d))
+            self.src_embed = Embedding(n_src_tokens, d,
+                                       weight=rng.uniform(-0.05, 0.05, (n_src_tokens, d))
                                        .astype(backend.DEFAULT_DTYPE))
         self.tgt_embed = Embedding(n_tgt_tokens, d, weight=emb)
         self.encoder = [EncoderLayer(cfg, rng, attention) for _ in range(cfg.n_encoder_layers)]

@@ -134,7 +134,8 @@ class MaskedFill(Function):
         self.mask, self.value = mask, value
 
     def forward(self, x):
-        # A NumPy scalar of x's dtype, not xp.asarray(value): on a GPU that would be a host-to-device copy.
+        # A NumPy scalar of x's dtype, not xp.asarray(value): on a GPU that would be a
+        # host-to-device copy.
         return array_module(x).where(self.mask, x.dtype.type(self.value), x)
 
     def backward(self, gy):
@@ -175,7 +176,8 @@ def div(a, b):
 
 def pow(x, p):
     if not _is_scalar(p):
-        raise TypeError("pow: only scalar exponents are supported (use exp(p * log(x)) for tensors)")
+        raise TypeError("pow: only scalar exponents are supported (use exp(p * log(x)) for "
+                        "tensors)")
     return PowScalar(p)(x)
 
 
@@ -359,7 +361,8 @@ def logsigmoid(x):
 
 
 class StraightThrough(Function):
-    """Forward: the given ``hard`` array exactly. Backward: the gradient passes to ``soft`` unchanged.
+    """Forward: the given ``hard`` array exactly. Backward: the gradient passes to ``soft``
+    unchanged.
 
     This is the straight-through estimator (Bengio et al. 2013) as used by Gumbel-softmax
     (Jang et al. 2017): the forward value is exactly one-hot, the backward is the soft sample's.

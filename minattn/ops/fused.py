@@ -3,8 +3,9 @@ attention side by side): softmax, log_softmax, cross-entropy and layer norm.
 
 A fused op is one node with a hand-written backward: fewer array operations and less memory than the
 graph of its composed form, and a max-subtraction for numerical stability. The composed form is the
-definition, written with ops so the engine derives its gradient; it is what runs on the textbook path
-(MINATTN_PLAIN=1, ``engine.plain()``), and the tests check that both agree and gradient-check both.
+definition, written with ops so the engine derives its gradient; it is what runs on the textbook
+path (MINATTN_PLAIN=1, ``engine.plain()``), and the tests check that both agree and gradient-check
+both.
 """
 from ..backend import array_module
 from ..engine import Function, Tensor, faster, is_plain
@@ -14,16 +15,19 @@ from .indexing import _checked_ids
 
 
 def _row_max(x, axis):
-    """The maximum along ``axis`` of the array x (kept), 0 where it is not finite (a fully masked row)."""
+    """The maximum along ``axis`` of the array x (kept), 0 where it is not finite (a fully masked
+    row)."""
     xp = array_module(x)
     m = x.max(axis=axis, keepdims=True)
     return xp.where(xp.isfinite(m), m, x.dtype.type(0))
 
 
-# --- softmax ---------------------------------------------------------------------------------------
+# --- softmax
+# ---------------------------------------------------------------------------------------
 
 class Softmax(Function):
-    """softmax along ``axis`` as one op. A row whose entries are all −inf (fully masked) gives zeros, not NaN."""
+    """softmax along ``axis`` as one op. A row whose entries are all −inf (fully masked) gives
+    zeros, not NaN."""
 
     def __init__(self, axis=-1):
         self.axis = axis
@@ -41,8 +45,9 @@ class Softmax(Function):
 
 
 def softmax_composed(x, axis=-1):
-    """softmax(x) = e / Σ e, e = exp(x − m): the row maximum m is a constant (it cancels in the ratio, and
-    subtracting it keeps exp finite); a fully masked row (all −inf) gives zeros, as the fused op does."""
+    """softmax(x) = e / Σ e, e = exp(x − m): the row maximum m is a constant (it cancels in the
+    ratio, and subtracting it keeps exp finite); a fully masked row (all −inf) gives zeros, as the
+    fused op does."""
     e = E.exp(x - _row_max(x.data, axis))
     s = R.sum(e, axis, keepdims=True)
     return e / E.where(s.data > 0, s, 1.0)
@@ -54,7 +59,8 @@ def softmax(x, axis=-1):
     return softmax_composed(x, axis)
 
 
-# --- log_softmax -----------------------------------------------------------------------------------
+# --- log_softmax
+# -----------------------------------------------------------------------------------
 
 def _logsumexp(x, axis):
     m = _row_max(x, axis)
@@ -75,7 +81,8 @@ class LogSoftmax(Function):
 
 
 def log_softmax_composed(x, axis=-1):
-    """log softmax(x) = (x − m) − log Σ exp(x − m), with the row maximum m a constant (see softmax)."""
+    """log softmax(x) = (x − m) − log Σ exp(x − m), with the row maximum m a constant (see
+    softmax)."""
     shifted = x - _row_max(x.data, axis)
     return shifted - E.log(R.sum(E.exp(shifted), axis, keepdims=True))
 
@@ -86,11 +93,13 @@ def log_softmax(x, axis=-1):
     return log_softmax_composed(x, axis)
 
 
-# --- cross-entropy ---------------------------------------------------------------------------------
+# --- cross-entropy
+# ---------------------------------------------------------------------------------
 
 def _target_weights(t, ignore_index, dtype):
-    """(targets with ignored ones set to 0, weight per target: 1/count for the counted ones, else 0).
-    The count is divided on the device (no host sync); with nothing counted the loss is 0, not NaN."""
+    """(targets with ignored ones set to 0, weight per target: 1/count for the counted ones, else
+    0). The count is divided on the device (no host sync); with nothing counted the loss is 0, not
+    NaN."""
     xp = array_module(t)
     valid = t != ignore_index if ignore_index is not None else xp.ones(t.shape, dtype=bool)
     return xp.where(valid, t, 0), valid.astype(dtype) / xp.maximum(valid.sum(), 1).astype(dtype)
@@ -121,28 +130,34 @@ class CrossEntropy(Function):
 
 
 def cross_entropy_composed(logits, targets, ignore_index=None):
-    """−Σ_i w_i log softmax(logits_i)[t_i], w_i = 1/(number of counted targets) or 0 for an ignored one."""
+    """−Σ_i w_i log softmax(logits_i)[t_i], w_i = 1/(number of counted targets) or 0 for an ignored
+    one."""
     t, weight = _target_weights(targets, ignore_index, logits.dtype)
     onehot = (t[..., None] == array_module(t).arange(logits.shape[-1])).astype(logits.dtype)
-    picked = R.sum(log_softmax_composed(logits) * onehot, -1)                     # log p of each target
+    # log p of each target
+    picked = R.sum(log_softmax_composed(logits) * onehot, -1)
     return -R.sum(picked * weight)
 
 
 def cross_entropy(logits, targets, ignore_index=None):
-    """See ``CrossEntropy``. Host (NumPy) targets are range-checked, then moved to the logits' device."""
+    """See ``CrossEntropy``. Host (NumPy) targets are range-checked, then moved to the logits'
+    device."""
     targets = targets.data if isinstance(targets, Tensor) else targets
     targets = _checked_ids(targets, logits.shape[-1], "cross_entropy: target", logits, ignore_index)
     if targets.shape != logits.shape[:-1]:
-        raise ValueError(f"cross_entropy: targets shape {targets.shape} does not match logits {logits.shape[:-1]}")
+        raise ValueError(f"cross_entropy: targets shape {targets.shape} does not match logits "
+                         f"{logits.shape[:-1]}")
     if not is_plain():
         return CrossEntropy(targets, ignore_index)(logits)
     return cross_entropy_composed(logits, targets, ignore_index)
 
 
-# --- layer norm ------------------------------------------------------------------------------------
+# --- layer norm
+# ------------------------------------------------------------------------------------
 
 class LayerNorm(Function):
-    """(x − mean)/sqrt(var + eps) · weight + bias over the last axis (biased variance, as PyTorch)."""
+    """(x − mean)/sqrt(var + eps) · weight + bias over the last axis (biased variance, as
+    PyTorch)."""
 
     def __init__(self, eps=1e-5):
         self.eps = eps
@@ -158,15 +173,18 @@ class LayerNorm(Function):
         return self.xhat * weight + bias
 
     def backward(self, gy):
-        return self.grad_x(gy), gy * self.xhat, gy   # weight and bias: the engine sums them over the leading axes
+        # weight and bias: the engine sums them over the leading axes
+        return self.grad_x(gy), gy * self.xhat, gy
 
     def grad_x(self, gy):
         xhat, gh = self.xhat, gy * self.weight
-        return self.rstd * (gh - gh.mean(axis=-1, keepdims=True) - xhat * (gh * xhat).mean(axis=-1, keepdims=True))
+        return self.rstd * (gh - gh.mean(axis=-1, keepdims=True)
+                            - xhat * (gh * xhat).mean(axis=-1, keepdims=True))
 
 
 def layer_norm_composed(x, weight, bias, eps=1e-5):
-    """(x − μ) / sqrt(σ² + eps) · weight + bias, μ and σ² the mean and (biased) variance of the last axis."""
+    """(x − μ) / sqrt(σ² + eps) · weight + bias, μ and σ² the mean and (biased) variance of the last
+    axis."""
     xc = x - R.mean(x, -1, keepdims=True)
     var = R.mean(xc * xc, -1, keepdims=True)
     return xc / E.sqrt(var + eps) * weight + bias

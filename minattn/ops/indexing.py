@@ -47,11 +47,12 @@ class SwapAxes(Function):
 
 
 class SplitHeads(Function):
-    """Columns [start, start + H·dh) of x (B, T, n) as H heads (B, H, T, dh): a slice, a reshape and a
-    transpose (minGPT's ``.view(B, T, nh, hs).transpose(1, 2)``; ``split_heads_composed``) as one view and
-    one node, not three. The backward is the inverse view, then the slice's own (``faster(GetItem)``: on
-    the annex path the gradients of all of x's slices land side by side in one concatenate). Attention
-    cuts q, k, v (and NDR's s) out of one projection: 4 nodes per application instead of 9."""
+    """Columns [start, start + H·dh) of x (B, T, n) as H heads (B, H, T, dh): a slice, a reshape and
+    a transpose (minGPT's ``.view(B, T, nh, hs).transpose(1, 2)``; ``split_heads_composed``) as one
+    view and one node, not three. The backward is the inverse view, then the slice's own
+    (``faster(GetItem)``: on the annex path the gradients of all of x's slices land side by side in
+    one concatenate). Attention cuts q, k, v (and NDR's s) out of one projection: 4 nodes per
+    application instead of 9."""
 
     def __init__(self, start, n_head, d_head):
         self.start, self.n_head, self.d_head = start, n_head, d_head
@@ -68,8 +69,8 @@ class SplitHeads(Function):
 
 
 class MergeHeads(Function):
-    """(B, H, T, dh) → (B, T, H·dh), the heads side by side again: ``merge_heads_composed``'s transpose
-    and reshape as one node."""
+    """(B, H, T, dh) → (B, T, H·dh), the heads side by side again: ``merge_heads_composed``'s
+    transpose and reshape as one node."""
 
     def forward(self, x):
         B, H, T, dh = self.shape = x.shape
@@ -81,20 +82,23 @@ class MergeHeads(Function):
 
 
 def _array_kind(i):
-    """'b' for a boolean mask, 'i'/'u' for integer indices (arrays or lists), None for basic entries."""
+    """'b' for a boolean mask, 'i'/'u' for integer indices (arrays or lists), None for basic
+    entries."""
     if hasattr(i, "shape"):
         return i.dtype.kind
     return np.asarray(i).dtype.kind if isinstance(i, list) else None
 
 
 # On CPU (one BLAS thread, NumPy 2.4) a one-hot matmul beats sort-and-segment-sum up to some 32–128
-# targets: an embedding of 896 ids × 128 over 19 rows took 0.08 ms vs 1.0 ms with add.at, over 200 rows
-# 0.5 ms (sorted) vs 2.8 ms; the cost of the one-hot grows with the rows, that of the sort does not.
+# targets: an embedding of 896 ids × 128 over 19 rows took 0.08 ms vs 1.0 ms with add.at, over 200
+# rows 0.5 ms (sorted) vs 2.8 ms; the cost of the one-hot grows with the rows, that of the sort does
+# not.
 ONEHOT_MAX_ROWS = 64
 
 
 def segment_sum(g, k, K):
-    """out[p, j, q] = Σ_{i: k[i] = j} g[p, i, q] for g (P, m, Q) and integer k (m,) in [0, K): (P, K, Q).
+    """out[p, j, q] = Σ_{i: k[i] = j} g[p, i, q] for g (P, m, Q) and integer k (m,) in [0, K): (P,
+    K, Q).
 
     The backward of every gather. It is the same on every run, unlike ``xp.add.at``, whose CUDA
     version adds with float atomics in whatever order the threads arrive. A device other than NumPy
@@ -109,20 +113,23 @@ def segment_sum(g, k, K):
         return onehot @ g                                                 # (K, m) @ (P, m, Q)
     order = np.argsort(k, kind="stable")
     k_sorted = k[order]
-    first = np.flatnonzero(np.r_[True, k_sorted[1:] != k_sorted[:-1]])  # where each distinct k starts
+    # where each distinct k starts
+    first = np.flatnonzero(np.r_[True, k_sorted[1:] != k_sorted[:-1]])
     out = np.zeros((g.shape[0], K, g.shape[2]), dtype=g.dtype)
     out[:, k_sorted[first]] = np.add.reduceat(g[:, order], first, axis=1)
     return out
 
 
 def _gathered_axes(index, ndim):
-    """(first axis, index arrays) when ``index`` is integer arrays on adjacent axes and ``:`` elsewhere
-    (x[:, idx], w[ids], h[rows, cols], x[..., idx]), the form whose gradient is a segment sum; else None."""
+    """(first axis, index arrays) when ``index`` is integer arrays on adjacent axes and ``:``
+    elsewhere (x[:, idx], w[ids], h[rows, cols], x[..., idx]), the form whose gradient is a segment
+    sum; else None."""
     if any(i is Ellipsis for i in index):
         at = index.index(Ellipsis)
         index = index[:at] + (slice(None),) * (ndim - len(index) + 1) + index[at + 1:]
     arrays = [n for n, i in enumerate(index) if _array_kind(i) is not None]
-    rest_full = all(isinstance(i, slice) and i == slice(None) for n, i in enumerate(index) if n not in arrays)
+    rest_full = all(isinstance(i, slice) and i == slice(None) for n, i in enumerate(index)
+                    if n not in arrays)
     adjacent = arrays == list(range(arrays[0], arrays[0] + len(arrays)))
     integer = all(_array_kind(index[n]) in ("i", "u") for n in arrays)
     if len(index) <= ndim and rest_full and adjacent and integer:
@@ -145,21 +152,24 @@ class GetItem(Function):
         xp = array_module(gy)
         if all(_array_kind(i) in (None, "b") for i in self.index):
             gx = xp.zeros(self.shape, dtype=self.dtype)
-            gx[self.index] = gy           # slices and masks pick each element at most once: no sum needed
+            # slices and masks pick each element at most once: no sum needed
+            gx[self.index] = gy
             return gx
         axes = _gathered_axes(self.index, len(self.shape))
         if axes is None:
-            # Any other mix (an int or a partial slice beside an array, arrays apart): sum over the flat
-            # positions of x, x.size targets (on a GPU a one-hot of x.size × gy.size: small inputs only;
-            # the library's own gathers all take the path below).
+            # Any other mix (an int or a partial slice beside an array, arrays apart): sum over the
+            # flat positions of x, x.size targets (on a GPU a one-hot of x.size × gy.size: small
+            # inputs only; the library's own gathers all take the path below).
             size = int(np.prod(self.shape))
             flat = xp.arange(size).reshape(self.shape)[self.index]
             return segment_sum(gy.reshape(1, -1, 1), flat.reshape(-1), size).reshape(self.shape)
         a, arrays = axes
         sizes = self.shape[a:a + len(arrays)]
         k = 0
-        for i, size in zip(arrays, sizes):                 # row-major position within the gathered axes
-            k = k * size + xp.asarray(i) % size            # % size: negative indices count from the end
+        # row-major position within the gathered axes
+        for i, size in zip(arrays, sizes):
+            # % size: negative indices count from the end
+            k = k * size + xp.asarray(i) % size
         P, K, Q = (int(np.prod(s)) for s in (self.shape[:a], sizes, self.shape[a + len(arrays):]))
         g = segment_sum(gy.reshape(P, k.size, Q), k.reshape(-1), K)                  # (P, K, Q)
         return g.reshape(self.shape)
@@ -274,7 +284,8 @@ class Embedding(Function):
 
 
 def check_ids(ids, n, what="id", ignore_index=None):
-    """Raise ValueError unless the integer HOST array ``ids`` lies in [0, n) (``ignore_index`` aside).
+    """Raise ValueError unless the integer HOST array ``ids`` lies in [0, n) (``ignore_index``
+    aside).
 
     Out-of-range ids must be caught on the host: CuPy's indexing wraps them around silently, and
     checking a device array would cost a host sync per batch. So check a batch before uploading it
@@ -283,7 +294,8 @@ def check_ids(ids, n, what="id", ignore_index=None):
         raise TypeError(f"{what}s must be integers, got {ids.dtype}")
     valid = ids[ids != ignore_index] if ignore_index is not None else ids
     if valid.size and (valid.min() < 0 or valid.max() >= n):
-        raise ValueError(f"{what} out of range: must lie in [0, {n}), got [{valid.min()}, {valid.max()}]")
+        raise ValueError(f"{what} out of range: must lie in [0, {n}), got [{valid.min()}, "
+                         f"{valid.max()}]")
 
 
 def _checked_ids(ids, n, what, like, ignore_index=None):
@@ -291,12 +303,15 @@ def _checked_ids(ids, n, what, like, ignore_index=None):
     if type(ids) is not np.ndarray:
         return ids
     check_ids(ids, n, what, ignore_index)
-    return to_device(ids, device_of(like.data if isinstance(like, Tensor) else like))   # a no-op on the host
+    # a no-op on the host
+    return to_device(ids, device_of(like.data if isinstance(like, Tensor) else like))
 
 
 def embedding(weight, ids):
-    """weight[ids]. ``ids`` may be a host array whatever the weight's device (checked, then uploaded)."""
-    ids = _checked_ids(ids.data if isinstance(ids, Tensor) else ids, weight.shape[0], "embedding: token id", weight)
+    """weight[ids]. ``ids`` may be a host array whatever the weight's device (checked, then
+    uploaded)."""
+    ids = _checked_ids(ids.data if isinstance(ids, Tensor) else ids, weight.shape[0],
+                       "embedding: token id", weight)
     return Embedding(ids)(weight)
 
 

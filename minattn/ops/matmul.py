@@ -9,7 +9,8 @@ class MatMul(Function):
 
     def forward(self, a, b):
         if a.ndim < 2 or b.ndim < 2:
-            raise ValueError(f"matmul needs at least 2-D operands, got shapes {a.shape} and {b.shape}")
+            raise ValueError(f"matmul needs at least 2-D operands, got shapes {a.shape} and "
+                             f"{b.shape}")
         self.a, self.b = a, b
         return _mm(a, b)
 
@@ -29,12 +30,13 @@ def matmul(a, b):
 
 
 class Linear(MatMul):
-    """x @ W + b for x (..., d_in), W (d_in, d_out), b (d_out,) or absent: the matmul and the bias add as
-    one node, the bias added in place into the product (one temporary array less). Leading axes are
-    folded into rows, x (N, d_in), and unfolded after: one 2-D product is much faster than a batched one
-    (docs/performance), and the two reshapes are not two more nodes (as ``x.reshape(-1, d_in)``, the
-    linear, and ``.reshape(*lead, d_out)`` would be: 2 of the ~16 nodes of a copy-gate layer's step).
-    Backward: MatMul's on the rows, and the bias gets gy, which the engine sums over the rows (``sum_to``)."""
+    """x @ W + b for x (..., d_in), W (d_in, d_out), b (d_out,) or absent: the matmul and the bias
+    add as one node, the bias added in place into the product (one temporary array less). Leading
+    axes are folded into rows, x (N, d_in), and unfolded after: one 2-D product is much faster than
+    a batched one (docs/performance), and the two reshapes are not two more nodes (as
+    ``x.reshape(-1, d_in)``, the linear, and ``.reshape(*lead, d_out)`` would be: 2 of the ~16 nodes
+    of a copy-gate layer's step). Backward: MatMul's on the rows, and the bias gets gy, which the
+    engine sums over the rows (``sum_to``)."""
 
     def forward(self, x, W, *b):
         self.x_shape = x.shape
@@ -44,7 +46,8 @@ class Linear(MatMul):
         return y.reshape(x.shape[:-1] + y.shape[-1:])
 
     def backward(self, gy):
-        gy = gy.reshape(-1, gy.shape[-1])                                  # rows, as the forward's product
+        # rows, as the forward's product
+        gy = gy.reshape(-1, gy.shape[-1])
         gx, gW = super().backward(gy)
         gx = None if gx is None else gx.reshape(self.x_shape)
         return (gx, gW) + ((gy,) if len(self.inputs) == 3 else ())

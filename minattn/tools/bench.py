@@ -80,11 +80,13 @@ def bench_engine(device, repeat):
         y.backward(xp.ones(4, dtype=np.float32))
     def raw():
         y = x.data
-        for _ in range(2 * K):  # the same array work without the engine: one multiply forward, one back
+        # the same array work without the engine: one multiply forward, one back
+        for _ in range(2 * K):
             y = y * 1.0001
     t = timeit(step, xp, repeat) / K
     r = timeit(raw, xp, repeat) / K
-    print(f"engine  tiny mul, forward+backward: {t * 1e6:6.2f} µs/op, of which the array work itself "
+    print(f"engine  tiny mul, forward+backward: {t * 1e6:6.2f} µs/op, of which the array work "
+          "itself "
           f"{r * 1e6:5.2f} µs: engine overhead {(t - r) * 1e6:5.2f} µs/op")
 
 
@@ -113,12 +115,14 @@ def bench_mlp(device, repeat):
         def raw():
             a @ w1, h @ w2, g @ w2.T, h.T @ g, a.T @ h
         r = timeit(raw, xp, repeat)
-        print(f"        B={B:5d} d={d:5d}: fwd+bwd {t * 1e3:8.3f} ms   raw matmuls {r * 1e3:8.3f} ms   "
+        print(f"        B={B:5d} d={d:5d}: fwd+bwd {t * 1e3:8.3f} ms   raw matmuls {r * 1e3:8.3f} "
+              "ms   "
               f"ratio {t / r:5.2f}   (+ AdamW step {t_opt * 1e3:7.3f} ms)")
 
 
 def encoder_flops(B, T, cfg, gated):
-    """Matmul FLOPs of one training step of a shared-layer encoder (forward 2·M·N·K, ×3 with backward)."""
+    """Matmul FLOPs of one training step of a shared-layer encoder (forward 2·M·N·K, ×3 with
+    backward)."""
     d = cfg.d_model
     N = B * T
     per_layer = N * d * 3 * d + N * d * d          # q, k, v and output projections
@@ -130,14 +134,16 @@ def encoder_flops(B, T, cfg, gated):
 
 
 def bench_ndr(device, repeat):
-    """NDR on CTL at the cpu preset: a training step on a batch of CTL-sized sequences, and evaluation."""
+    """NDR on CTL at the cpu preset: a training step on a batch of CTL-sized sequences, and
+    evaluation."""
     from minattn.engine import eval_mode, no_grad
     from minattn.models.encoder import Classifier
     from minattn.lab.recipes import recipe_for
     xp = backend.get_xp(device)
     run = recipe_for("ctl").config("ctl", "ndr", "cpu")
     cfg = run.model_config
-    B, T = run.batch_size, 7  # CTL training samples are 4–8 tokens with SOS/EOS; bucketing leaves little padding
+    # CTL training samples are 4–8 tokens with SOS/EOS; bucketing leaves little padding
+    B, T = run.batch_size, 7
     model = Classifier("ndr", 19, 8, cfg).to(device)
     rng = np.random.default_rng(0)
     x = xp.asarray(rng.integers(0, 19, (B, T)))
@@ -146,7 +152,8 @@ def bench_ndr(device, repeat):
     opt = optim.AdamW(model.parameters(), lr=run.lr, weight_decay=run.weight_decay)
     run_rng = backend.RNG(0, device)
 
-    step = train_step(model, opt, lambda: F.cross_entropy(model(x, lengths), y), run_rng, clip=run.grad_clip)
+    step = train_step(model, opt, lambda: F.cross_entropy(model(x, lengths), y), run_rng,
+                      clip=run.grad_clip)
 
     def evaluate():
         with no_grad(), eval_mode():
@@ -155,15 +162,18 @@ def bench_ndr(device, repeat):
     t = timeit(step, xp, repeat, min_time=1.0)
     te = timeit(evaluate, xp, repeat, min_time=1.0)
     flops = encoder_flops(B, T, cfg, gated=True)
-    print(f"ndr     CTL cpu preset (d={cfg.d_model}, d_ff={cfg.d_ff}, {cfg.n_steps} steps), batch {B}×{T}:")
-    print(f"        train {t * 1e3:7.1f} ms/step  {B * T / t:8.0f} tokens/s  {flops / 1e9:5.1f} GFLOP/step  "
+    print(f"ndr     CTL cpu preset (d={cfg.d_model}, d_ff={cfg.d_ff}, {cfg.n_steps} steps), batch "
+          f"{B}×{T}:")
+    print(f"        train {t * 1e3:7.1f} ms/step  {B * T / t:8.0f} tokens/s  {flops / 1e9:5.1f} "
+          "GFLOP/step  "
           f"MFU {flops / t / peak:4.2f} (peak {peak / 1e9:.0f} GFLOP/s)")
     print(f"        eval  {te * 1e3:7.1f} ms/batch  train/eval time per sample {t / te:4.1f}×")
 
 
 def bench_crt(device, repeat):
-    """A Contextual Retrieval Task training step (docs/compositional.md §9: batch 256 × 10 objects, D = 64,
-    2 searches, 4 retrievals) for the multi-head and the compositional model; data generation excluded."""
+    """A Contextual Retrieval Task training step (docs/compositional.md §9: batch 256 × 10 objects,
+    D = 64, 2 searches, 4 retrievals) for the multi-head and the compositional model; data
+    generation excluded."""
     from minattn.models.compositional import CRTConfig, CRTModel
     xp = backend.get_xp(device)
     B, N, S, R = 256, 10, 2, 4
@@ -181,15 +191,17 @@ def bench_crt(device, repeat):
 
 
 def bench_seq2attn(device, repeat):
-    """seq2attn on lookup tables (docs/seq2attn.md §2.5: E = H = 256, Adam, clip 5, teacher forcing 0.5) on
-    binary compositions (4 input and 4 output steps): ms per training sequence at batch 1 (the paper's)
-    and 64. At batch 1 the AdamW update of all 1.5M parameters is a large share, so it is shown apart."""
+    """seq2attn on lookup tables (docs/seq2attn.md §2.5: E = H = 256, Adam, clip 5, teacher forcing
+    0.5) on binary compositions (4 input and 4 output steps): ms per training sequence at batch 1
+    (the paper's) and 64. At batch 1 the AdamW update of all 1.5M parameters is a large share, so it
+    is shown apart."""
     from minattn.models.seq2attn import Seq2Attn, model_config
     xp = backend.get_xp(device)
     model = Seq2Attn(model_config("seq2attn"), 19, 12, sos_id=2).to(device)
     opt = optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
     run_rng, rng = backend.RNG(0, device), np.random.default_rng(0)
-    print(f"seq2attn lookup tables (E = H = 256, {model.num_parameters():,} parameters), 4 input and 4 output steps:")
+    print(f"seq2attn lookup tables (E = H = 256, {model.num_parameters():,} parameters), 4 input "
+          "and 4 output steps:")
     for B in (1, 64):
         src, tgt = xp.asarray(rng.integers(2, 19, (B, 4))), xp.asarray(rng.integers(4, 12, (B, 4)))
         lengths = xp.full(B, 4)
@@ -197,14 +209,15 @@ def bench_seq2attn(device, repeat):
         step = train_step(model, opt, lambda: model.loss(src, lengths, tgt, lengths), run_rng, clip=5.0)
         t = timeit(step, xp, repeat, min_time=1.0)
         t_opt = timeit(opt.step, xp, repeat)
-        print(f"        batch {B:3d}: {t * 1e3:7.2f} ms/step = {t * 1e3 / B:7.3f} ms per training sequence "
+        print(f"        batch {B:3d}: {t * 1e3:7.2f} ms/step = {t * 1e3 / B:7.3f} ms per training "
+              "sequence "
               f"(of which the AdamW update {t_opt * 1e3:5.2f} ms/step)")
 
 
 def bench_abstractor(device, repeat):
-    """One object-sorting training step (docs/abstractor.md §6.1: batch 512 × 10 objects, d = 64, 2 heads
-    each 64 wide, Adam) for the Abstractor and the Transformer. MFU counts the matmuls: every attention
-    (self, cross, RCA) maps 10 positions to 10, so each costs the same."""
+    """One object-sorting training step (docs/abstractor.md §6.1: batch 512 × 10 objects, d = 64, 2
+    heads each 64 wide, Adam) for the Abstractor and the Transformer. MFU counts the matmuls: every
+    attention (self, cross, RCA) maps 10 positions to 10, so each costs the same."""
     from minattn.attention.multihead import MultiHeadAttention
     from minattn.attention.relational import RelationalCrossAttention
     from minattn.models.abstractor import AbstractorConfig, build_seq2seq
@@ -217,7 +230,8 @@ def bench_abstractor(device, repeat):
     tgt_in = xp.concatenate([xp.full((B, 1), n_classes, dtype=y.dtype), y[:, :-1]], axis=1)
     peak = matmul_peak(device)
     print(f"abstractor object sorting, batch {B}×{T} (peak {peak / 1e9:.0f} GFLOP/s measured now):")
-    for name, layers in (("abstractor", {}), ("transformer-seq2seq", dict(n_encoder_layers=4, n_decoder_layers=4))):
+    for name, layers in (("abstractor", {}),
+                         ("transformer-seq2seq", dict(n_encoder_layers=4, n_decoder_layers=4))):
         cfg = AbstractorConfig(**layers)
         model = build_seq2seq(name, n_classes + 1, n_classes, cfg, d_src=d_in).to(device)
         opt = optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
@@ -225,19 +239,23 @@ def bench_abstractor(device, repeat):
 
         step = train_step(model, opt, lambda: F.cross_entropy(model(x, tgt_in), y), run_rng)
         t = timeit(step, xp, repeat, min_time=1.0)
-        n_attn = sum(isinstance(m, (MultiHeadAttention, RelationalCrossAttention)) for _, m in model.named_modules())
+        n_attn = sum(isinstance(m, (MultiHeadAttention, RelationalCrossAttention))
+                     for _, m in model.named_modules())
         n_ffn = sum(isinstance(m, FeedForwardBlock) for _, m in model.named_modules())
         N, d, inner = B * T, cfg.d_model, cfg.n_head * (cfg.d_head or cfg.d_model)
-        attention = 2 * N * d * 3 * inner + 2 * N * inner * d + 2 * 2 * N * T * inner   # q, k, v, o; QKᵀ and αV
+        # q, k, v, o; QKᵀ and αV
+        attention = 2 * N * d * 3 * inner + 2 * N * inner * d + 2 * 2 * N * T * inner
         flops = 3 * (n_attn * attention + n_ffn * 2 * 2 * N * d * cfg.d_ff + 2 * N * (d_in + n_classes) * d)
-        print(f"        {name:20s} {t * 1e3:7.1f} ms/step  {B * T / t:8.0f} tokens/s  {flops / 1e9:5.1f} GFLOP/step  "
+        print(f"        {name:20s} {t * 1e3:7.1f} ms/step  {B * T / t:8.0f} tokens/s  "
+              f"{flops / 1e9:5.1f} GFLOP/step  "
               f"MFU {flops / t / peak:4.2f}  ({model.num_parameters():,} parameters)")
 
 
 def peak_step_memory(step, device):
-    """Peak bytes of the arrays one call of ``step()`` allocates (activations, the graph, gradients; call it
-    after a first step, so optimizer state exists): tracemalloc on CPU (NumPy reports its buffers to it);
-    on GPU, what CuPy's pool holds after the step, emptied before (freed blocks stay in the pool)."""
+    """Peak bytes of the arrays one call of ``step()`` allocates (activations, the graph, gradients;
+    call it after a first step, so optimizer state exists): tracemalloc on CPU (NumPy reports its
+    buffers to it); on GPU, what CuPy's pool holds after the step, emptied before (freed blocks stay
+    in the pool)."""
     xp = backend.get_xp(device)
     if xp is np:
         import tracemalloc
@@ -256,11 +274,12 @@ def peak_step_memory(step, device):
 
 
 def bench_coda(device, repeat):
-    """CoDA (docs/coda.md) next to softmax attention at the same sizes: a training step of the encoder
-    classifier ("transformer" vs "transformer-coda" at the CTL cpu preset: d 128, 4 heads, d_ff 256, 11
-    steps; batch 128 at two lengths) and of the MLU encoder–decoder (cpu preset: 2+2 layers, d 128, 4 heads
-    of 32, batch 128, inputs of 16 characters, targets of 8), with the peak memory of a step. Then the L1
-    distance alone, fused vs its composite, at the MLU encoder's size. Target: CoDA ≤ 2× softmax."""
+    """CoDA (docs/coda.md) next to softmax attention at the same sizes: a training step of the
+    encoder classifier ("transformer" vs "transformer-coda" at the CTL cpu preset: d 128, 4 heads,
+    d_ff 256, 11 steps; batch 128 at two lengths) and of the MLU encoder–decoder (cpu preset: 2+2
+    layers, d 128, 4 heads of 32, batch 128, inputs of 16 characters, targets of 8), with the peak
+    memory of a step. Then the L1 distance alone, fused vs its composite, at the MLU encoder's size.
+    Target: CoDA ≤ 2× softmax."""
     from minattn.attention.coda import l1_distance, l1_distance_reference
     from minattn.models.encoder import Classifier, EncoderConfig
     from minattn.models.seq2seq import CoDASeq2SeqTransformer, EncoderDecoderConfig, Seq2SeqTransformer
@@ -277,24 +296,31 @@ def bench_coda(device, repeat):
 
     def row(label, soft, quasi):
         (ts, ms), (tc, mc) = soft, quasi
-        print(f"        {label:34s} softmax {ts * 1e3:7.1f} ms {ms / 2**20:6.1f} MiB   coda {tc * 1e3:7.1f} ms "
+        print(f"        {label:34s} softmax {ts * 1e3:7.1f} ms {ms / 2**20:6.1f} MiB   coda "
+              f"{tc * 1e3:7.1f} ms "
               f"{mc / 2**20:6.1f} MiB   ratio time {tc / ts:4.2f} memory {mc / ms:4.2f}")
-    print("coda    CoDA vs softmax attention, one training step (ms) and the peak memory of its arrays (MiB):")
-    cfg = EncoderConfig(d_model=128, n_head=4, d_ff=256, n_steps=11, dropout=0.1, embedding_init="kaiming")
+    print("coda    CoDA vs softmax attention, one training step (ms) and the peak memory of its "
+          "arrays (MiB):")
+    cfg = EncoderConfig(d_model=128, n_head=4, d_ff=256, n_steps=11, dropout=0.1,
+                        embedding_init="kaiming")
     for T in (8, 32):
         x, y = xp.asarray(rng.integers(0, 19, (128, T))), xp.asarray(rng.integers(0, 8, 128))
         lengths = xp.full(128, T)
         results = [measure(m, lambda m=m: F.cross_entropy(m(x, lengths), y)) for m in
-                   (Classifier(name, 19, 8, cfg).to(device) for name in ("transformer", "transformer-coda"))]
+                   (Classifier(name, 19, 8, cfg).to(device)
+                    for name in ("transformer", "transformer-coda"))]
         row(f"encoder, CTL preset, batch 128×{T}", *results)
-    cfg = EncoderDecoderConfig(d_model=128, n_head=4, d_head=32, d_ff=512, n_encoder_layers=2, n_decoder_layers=2,
+    cfg = EncoderDecoderConfig(d_model=128, n_head=4, d_head=32, d_ff=512, n_encoder_layers=2,
+                               n_decoder_layers=2,
                                ln_eps=1e-5, pe_layout="interleaved")
     src, tgt = xp.asarray(rng.integers(1, 18, (128, 16))), xp.asarray(rng.integers(3, 14, (128, 8)))
     tgt_in = xp.concatenate([xp.ones((128, 1), dtype=tgt.dtype), tgt[:, :-1]], axis=1)
     results = [measure(m, lambda m=m: F.cross_entropy(m(src, tgt_in), tgt)) for m in
-               (cls(14, 14, cfg, n_src_tokens=18).to(device) for cls in (Seq2SeqTransformer, CoDASeq2SeqTransformer))]
+               (cls(14, 14, cfg, n_src_tokens=18).to(device)
+                for cls in (Seq2SeqTransformer, CoDASeq2SeqTransformer))]
     row("MLU encoder–decoder, batch 128", *results)
-    q, k = (Tensor(xp.asarray(rng.standard_normal((128, 4, 16, 32)), dtype=np.float32), requires_grad=True)
+    q, k = (Tensor(xp.asarray(rng.standard_normal((128, 4, 16, 32)), dtype=np.float32),
+                   requires_grad=True)
             for _ in range(2))
     g = xp.ones((128, 4, 16, 16), dtype=np.float32)
     fused, naive = (timeit(lambda fn=fn: fn(q, k).backward(g), xp, repeat)
@@ -308,9 +334,11 @@ SECTIONS = {"engine": bench_engine, "mlp": bench_mlp, "ndr": bench_ndr, "crt": b
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu", help="cpu or gpu")
-    ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of {list(SECTIONS)}")
+    ap.add_argument("--only", default=",".join(SECTIONS),
+                    help=f"comma-separated sections of {list(SECTIONS)}")
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args(argv)
     try:
@@ -320,9 +348,11 @@ def main(argv=None):
         return 2
     unknown = set(args.only.split(",")) - set(SECTIONS)
     if unknown:
-        print(f"error: unknown section(s) {sorted(unknown)}; valid: {', '.join(SECTIONS)}", file=sys.stderr)
+        print(f"error: unknown section(s) {sorted(unknown)}; valid: {', '.join(SECTIONS)}",
+              file=sys.stderr)
         return 2
-    print(f"device {args.device}, OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}, "
+    print(f"device {args.device}, "
+          f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}, "
           f"numpy {np.__version__}")
     peak = matmul_peak(args.device)
     print(f"peak    float32 2048² matmul: {peak / 1e9:7.1f} GFLOP/s (measured now)")

@@ -1,20 +1,20 @@
 """A test device that counts what a GPU would be asked to do: kernel launches and host syncs.
 
-On a GPU every CuPy call costs ~10–15 µs of host time, so a small model's
-step time is its number of launches. ``CountingArray`` wraps a NumPy array (as ``tests/strict.py``
-does) and tallies, per phase of a training step (``with phase("backward"): ...``), what CuPy would do:
+On a GPU every CuPy call costs ~10–15 µs of host time, so a small model's step time is its number of
+launches. ``CountingArray`` wraps a NumPy array (as ``tests/strict.py`` does) and tallies, per phase
+of a training step (``with phase("backward"): ...``), what CuPy would do:
 
 * one **launch** for each ufunc call (elementwise op, in-place op, ``ufunc.at``), reduction, matmul,
   array function (where, concatenate, cumsum, clip, take, ...), copy, ``astype`` to another dtype,
-  ``__setitem__``, array creation that fills memory (zeros, ones, arange, eye, ...), random draw, and
-  upload of host data (``xp.asarray(numpy_array)``);
+  ``__setitem__``, array creation that fills memory (zeros, ones, arange, eye, ...), random draw,
+  and upload of host data (``xp.asarray(numpy_array)``);
 * advanced indexing as CuPy serves it (cupy/_core/_routines_indexing.pyx): one integer array is one
-  ``take``; n integer arrays (``x[..., rows, perm]``) are 2 + n launches (fill the flat index, fold in
-  each array, then the take);
+  ``take``; n integer arrays (``x[..., rows, perm]``) are 2 + n launches (fill the flat index, fold
+  in each array, then the take);
 * one more launch (a copy) for each matmul operand cuBLAS cannot read in place, by CuPy's rules
-  (cupy/_core/_routines_linalg.pyx): a batched product (an operand of 3 or more dimensions) copies each
-  operand that is not C-contiguous, transposed views included; a 2-D product (``dot``) each operand that
-  is neither C- nor F-contiguous (a column slice);
+  (cupy/_core/_routines_linalg.pyx): a batched product (an operand of 3 or more dimensions) copies
+  each operand that is not C-contiguous, transposed views included; a 2-D product (``dot``) each
+  operand that is neither C- nor F-contiguous (a column slice);
 * nothing for what CuPy does without a kernel: views (reshape of a contiguous array, transpose,
   swapaxes, basic slicing, broadcast_to, split, flip, expand_dims), ``empty``, shapes and dtypes;
   a reshape or ravel that has to copy counts 1;
@@ -23,9 +23,9 @@ does) and tallies, per phase of a training step (``with phase("backward"): ...``
   result's size on the host).
 
 It is an estimate, not CuPy: a CuPy cumsum or concatenate of many arrays can be 2–3 kernels. Mixing
-device data with a host NumPy array raises, as on the strict device. ``python -m minattn.tools.counting``
-prints launches per training step of each model family, and the autograd nodes its forward records
-(``make bench`` runs it).
+device data with a host NumPy array raises, as on the strict device. ``python -m
+minattn.tools.counting`` prints launches per training step of each model family, and the autograd
+nodes its forward records (``make bench`` runs it).
 """
 import collections
 import contextlib
@@ -60,10 +60,12 @@ def _binop(name):
 
 
 def add_operators(cls):
-    """Give a wrapper class with ``__array_ufunc__`` Python's operators, each one NumPy ufunc call (so
-    the wrapper sees it). Shared with the strict test device (tests/strict.py)."""
-    for op, uf in [("add", "add"), ("sub", "subtract"), ("mul", "multiply"), ("truediv", "true_divide"),
-                   ("matmul", "matmul"), ("pow", "power"), ("mod", "remainder"), ("and", "logical_and"),
+    """Give a wrapper class with ``__array_ufunc__`` Python's operators, each one NumPy ufunc call
+    (so the wrapper sees it). Shared with the strict test device (tests/strict.py)."""
+    for op, uf in [("add", "add"), ("sub", "subtract"), ("mul", "multiply"),
+                   ("truediv", "true_divide"),
+                   ("matmul", "matmul"), ("pow", "power"), ("mod", "remainder"),
+                   ("and", "logical_and"),
                    ("or", "logical_or")]:
         f, rf = _binop(uf)
         setattr(cls, f"__{op}__", f)
@@ -83,7 +85,8 @@ class HostConversionError(TypeError):
 
 
 class Counter:
-    """Launches and syncs per phase; ``sites`` (when ``detail``) attributes launches to source lines."""
+    """Launches and syncs per phase; ``sites`` (when ``detail``) attributes launches to source
+    lines."""
 
     def __init__(self):
         self.reset()
@@ -133,7 +136,8 @@ def _unwrap(x):
     if isinstance(x, CountingArray):
         return x._a
     if isinstance(x, np.ndarray):
-        raise HostConversionError(f"a host numpy array of shape {x.shape} was mixed with device data")
+        raise HostConversionError(f"a host numpy array of shape {x.shape} was mixed with device "
+                                  "data")
     if isinstance(x, (list, tuple)):
         return type(x)(_unwrap(v) for v in x)
     return x
@@ -157,7 +161,8 @@ def _sync(what):
 
 
 # Array functions and methods that CuPy serves with a view (no kernel) when it can.
-_VIEWS = {"reshape", "ravel", "transpose", "swapaxes", "moveaxis", "squeeze", "expand_dims", "broadcast_to",
+_VIEWS = {"reshape", "ravel", "transpose", "swapaxes", "moveaxis", "squeeze", "expand_dims",
+          "broadcast_to",
           "flip", "split", "array_split", "view", "diagonal", "atleast_1d", "atleast_2d", "T"}
 # ... and those that never touch the data.
 _FREE = {"shape", "ndim", "result_type", "may_share_memory", "shares_memory", "broadcast_shapes"}
@@ -289,10 +294,11 @@ class _CountingRandomState:
 
 
 class _CountingModule:
-    """The ``xp`` of the counting device: creation functions return CountingArrays and count a launch
-    (``empty`` none; ``asarray`` of device data none unless it converts); the rest is NumPy's own and
-    dispatches to CountingArray through the NEP 13/18 protocols."""
-    _CREATE = {"zeros", "ones", "full", "arange", "eye", "linspace", "zeros_like", "ones_like", "full_like",
+    """The ``xp`` of the counting device: creation functions return CountingArrays and count a
+    launch (``empty`` none; ``asarray`` of device data none unless it converts); the rest is NumPy's
+    own and dispatches to CountingArray through the NEP 13/18 protocols."""
+    _CREATE = {"zeros", "ones", "full", "arange", "eye", "linspace", "zeros_like", "ones_like",
+               "full_like",
                "empty", "empty_like", "asarray", "array", "ascontiguousarray"}
 
     class random:
@@ -323,7 +329,8 @@ backend.register_device("counting", counting_xp, CountingArray)
 
 @contextlib.contextmanager
 def one_launch(what):
-    """A GPU kernel's NumPy definition (minattn/fast/kernels.py), counted as the one launch it is on CuPy."""
+    """A GPU kernel's NumPy definition (minattn/fast/kernels.py), counted as the one launch it is on
+    CuPy."""
     launches, sites = COUNTER.launches.copy(), COUNTER.sites.copy()
     try:
         yield
@@ -343,10 +350,10 @@ PHASES = ("forward", "backward", "clipping", "optimizer")
 
 
 def count_step(model, loss_fn, opt, clip=None, rng=None, steps=2):
-    """Run ``steps`` training steps on the counting device as train.py does (set_rng → loss → backward →
-    clip → step) and return the counts of the last one: ({phase: launches}, {phase: syncs}); its forward's
-    autograd nodes by op are left in ``COUNTER.nodes``. The first step is a warm-up (optimizer state and
-    per-shape caches are made once per run, not per step)."""
+    """Run ``steps`` training steps on the counting device as train.py does (set_rng → loss →
+    backward → clip → step) and return the counts of the last one: ({phase: launches}, {phase:
+    syncs}); its forward's autograd nodes by op are left in ``COUNTER.nodes``. The first step is a
+    warm-up (optimizer state and per-shape caches are made once per run, not per step)."""
     from minattn import optim
     from minattn.engine import topological_order
     for _ in range(steps):
@@ -355,7 +362,8 @@ def count_step(model, loss_fn, opt, clip=None, rng=None, steps=2):
             if rng is not None:
                 model.set_rng(rng)
             loss = loss_fn()
-        COUNTER.nodes.update(type(t.creator).__name__ for t in topological_order(loss) if t.creator is not None)
+        COUNTER.nodes.update(type(t.creator).__name__ for t in topological_order(loss)
+                             if t.creator is not None)
         with phase("backward"):
             opt.zero_grad()
             loss.backward()
@@ -375,8 +383,9 @@ def _up(a):
 
 
 def ndr_ctl_step(model_name="ndr"):
-    """(model, loss_fn, opt, clip, rng) for one CTL training step at train.py's cpu preset: its config,
-    model builder, optimizer and first training batch (the launch count does not depend on its size)."""
+    """(model, loss_fn, opt, clip, rng) for one CTL training step at train.py's cpu preset: its
+    config, model builder, optimizer and first training batch (the launch count does not depend on
+    its size)."""
     from minattn.lab.recipes import recipe_for
     from minattn.lab.recipes.base import optimizer
     from minattn.lab.settings import make_config
@@ -398,7 +407,8 @@ def families():
     def crt(name):
         from minattn.models.compositional import CRTConfig, CRTModel
         r = np.random.default_rng(0)
-        x, y = (_up(r.standard_normal(shape).astype(np.float32)) for shape in ((256, 10, 14), (256, 10)))
+        x, y = (_up(r.standard_normal(shape).astype(np.float32))
+                for shape in ((256, 10, 14), (256, 10)))
         model = CRTModel(name, 14, CRTConfig(searches=2, retrievals=4)).to(DEVICE)
         opt = optim.AdamW(model.parameters(), 1e-4, weight_decay=0.0)
         return model, lambda: F.abs(model(x) - y).mean(), opt, None, None
@@ -407,7 +417,8 @@ def families():
         from minattn.models.seq2attn import Seq2Attn, model_config
         r = np.random.default_rng(0)
         model = Seq2Attn(model_config("seq2attn"), 19, 12, sos_id=2).to(DEVICE)
-        src, tgt, lengths = _up(r.integers(2, 19, (64, 4))), _up(r.integers(4, 12, (64, 4))), _up(np.full(64, 4))
+        src, tgt = _up(r.integers(2, 19, (64, 4))), _up(r.integers(4, 12, (64, 4)))
+        lengths = _up(np.full(64, 4))
         opt = optim.AdamW(model.parameters(), 1e-3, weight_decay=0.0)
         return model, lambda: model.loss(src, lengths, tgt, lengths), opt, 5.0, backend.RNG(0, DEVICE)
 
@@ -435,9 +446,12 @@ def families():
 
 def table(only=None):
     """Rows of launches per training step by phase, and syncs, for each family."""
-    print("launches per training step on the counting device (minattn/tools/counting.py), and the autograd")
-    print("nodes its forward records (the engine's Python work per step; backward visits each once more)")
-    print(f"        {'model':32s} {'forward':>8s} {'backward':>9s} {'clipping':>9s} {'optimizer':>10s} "
+    print("launches per training step on the counting device (minattn/tools/counting.py), and the "
+          "autograd")
+    print("nodes its forward records (the engine's Python work per step; backward visits each once "
+          "more)")
+    print(f"        {'model':32s} {'forward':>8s} {'backward':>9s} {'clipping':>9s} "
+          f"{'optimizer':>10s} "
           f"{'total':>7s} {'syncs':>6s} {'nodes':>6s}")
     for label, build in families():
         if only and only not in label:
@@ -450,14 +464,18 @@ def table(only=None):
 
 
 if __name__ == "__main__":
-    if "--kernels" in sys.argv:   # the GPU tier on (MINATTN_KERNELS=1): each kernel counts one launch
+    # the GPU tier on (MINATTN_KERNELS=1): each kernel counts one launch
+    if "--kernels" in sys.argv:
         sys.argv.remove("--kernels")
         kernels.switch(True)
-    if len(sys.argv) > 1 and sys.argv[1] == "--detail":  # where the launches of one family come from
+    # where the launches of one family come from
+    if len(sys.argv) > 1 and sys.argv[1] == "--detail":
         COUNTER.detail = True
-        model, loss_fn, opt, clip, rng = dict(families())[sys.argv[2]]() if len(sys.argv) > 2 else ndr_ctl_step()
+        build = dict(families())[sys.argv[2]] if len(sys.argv) > 2 else ndr_ctl_step
+        model, loss_fn, opt, clip, rng = build()
         count_step(model, loss_fn, opt, clip, rng)
-        for (ph, site, what), n in sorted(COUNTER.sites.items(), key=lambda kv: -kv[1])[:int(os.environ.get("TOP", 60))]:
+        top = sorted(COUNTER.sites.items(), key=lambda kv: -kv[1])[:int(os.environ.get("TOP", 60))]
+        for (ph, site, what), n in top:
             print(f"{n:6d}  {ph:9s} {site:50s} {what}")
         print(dict(COUNTER.launches), dict(COUNTER.syncs))
         print("forward nodes:", sum(COUNTER.nodes.values()), dict(COUNTER.nodes.most_common()))

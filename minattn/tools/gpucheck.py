@@ -5,21 +5,22 @@ It runs, printing their output as they go, and then one summary line for each:
 1. ``tests``:  the GPU test cases (``pytest -m gpu`` with MINATTN_REQUIRE_GPU=1, so a skip is a failure);
 2. ``kernels``: each GPU kernel of the annex (minattn/fast/kernels.py, off in training unless
    MINATTN_KERNELS=1) against its NumPy definition on the same inputs: float32, 1e-5 relative to the
-   array's largest entry, the same argmax in every row (a tie in the definition excepted); one line each;
+   array's largest entry, the same argmax in every row (a tie in the definition excepted); one line
+   each;
 3. ``bench``:  ``python -m minattn.tools.bench --device gpu``;
-4. ``resume``: NDR on CTL at the paper preset for 200 steps, and the same run stopped after 100 steps and
-   resumed to 200: every array of the two final checkpoints (parameters, optimizer state) and the
-   final metrics must be bit-identical. Float atomics or a device RNG that does not replay would show
-   here first;
+4. ``resume``: NDR on CTL at the paper preset for 200 steps, and the same run stopped after 100
+   steps and resumed to 200: every array of the two final checkpoints (parameters, optimizer state)
+   and the final metrics must be bit-identical. Float atomics or a device RNG that does not replay
+   would show here first;
 5. ``torch``:  where PyTorch is installed, NDR's training step at the paper's CTL shape against the same
    model in PyTorch eager on the same device (``python -m minattn.tools.torch_twin``), after
    ``tests/test_torch_twin.py`` has checked that the two compute the same logits and gradients. Without
    torch it passes as "skipped" (torch is no dependency of minattn).
 
-It needs a Python with numpy, cupy, tqdm and pytest and nothing else (no venv, no network):
-``make gpu-check PY=python3``. It runs ``train.py`` from the repository this package sits in. Arguments
-after ``--`` go to every train.py run (the tests use that for a tiny model on the CPU).
-Exit status: 0 when every part passed, 1 when one failed, 2 when the device cannot be used at all.
+It needs a Python with numpy, cupy, tqdm and pytest and nothing else (no venv, no network): ``make
+gpu-check PY=python3``. It runs ``train.py`` from the repository this package sits in. Arguments
+after ``--`` go to every train.py run (the tests use that for a tiny model on the CPU). Exit status:
+0 when every part passed, 1 when one failed, 2 when the device cannot be used at all.
 """
 import argparse
 import json
@@ -62,7 +63,8 @@ def check_bench(device, _):
 
 
 def checkpoint_arrays(run_dir):
-    """Every array of a run's checkpoint.npz, by name (the JSON metadata, which holds wall times, aside)."""
+    """Every array of a run's checkpoint.npz, by name (the JSON metadata, which holds wall times,
+    aside)."""
     with np.load(os.path.join(run_dir, "checkpoint.npz"), allow_pickle=False) as z:
         return {k: z[k] for k in z.files if k != "metadata"}
 
@@ -99,7 +101,8 @@ def check_resume(device, opts):
         problem = f"final metrics differ: {results[0]['final_metrics']} vs {results[1]['final_metrics']}"
     if problem:
         return False, f"{steps} steps straight vs {half} + resume: {problem}"
-    return True, (f"{steps} steps straight == {half} + resume to {steps}: {len(a)} arrays bit-identical; "
+    return True, (f"{steps} steps straight == {half} + resume to {steps}: {len(a)} arrays "
+                  "bit-identical; "
                   f"{results[0]['ms_per_step']} ms/step; final {results[0]['final_metrics']}")
 
 
@@ -264,19 +267,24 @@ CHECKS = {"tests": check_tests, "bench": check_bench, "resume": check_resume, "t
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="gpu", help="gpu (cpu only to test this check itself)")
-    ap.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts of {list(PARTS)}")
-    ap.add_argument("--steps", type=int, default=200, help="steps of the resume check (resumed at half)")
+    ap.add_argument("--only", default=",".join(PARTS),
+                    help=f"comma-separated parts of {list(PARTS)}")
+    ap.add_argument("--steps", type=int, default=200,
+                    help="steps of the resume check (resumed at half)")
     ap.add_argument("--preset", default="paper", help="train.py preset of the resume check")
-    ap.add_argument("train_args", nargs="*", help="after --: more train.py arguments for the resume check")
+    ap.add_argument("train_args", nargs="*",
+                    help="after --: more train.py arguments for the resume check")
     opts = ap.parse_args(argv)
     parts = opts.only.split(",")
     if set(parts) - set(PARTS) or opts.steps < 2:
         print(f"error: --only takes {', '.join(PARTS)} and --steps at least 2", file=sys.stderr)
         return 2
     if not os.path.exists(os.path.join(ROOT, "train.py")):
-        print(f"error: gpucheck runs train.py from the repository, and {ROOT} has none: run it in a clone",
+        print(f"error: gpucheck runs train.py from the repository, and {ROOT} has none: run it in "
+              "a clone",
               file=sys.stderr)
         return 2
     try:

@@ -57,7 +57,8 @@ def build_twin(torch):
             self.w_s, self.b_s = P(d, 2 * H), P(2 * H)
             self.alpha, self.beta, self.gamma = P(1), P(1), P(1)
             self.norm_merge, self.norm_out = nn.LayerNorm(d), nn.LayerNorm(d)
-            self.w1, self.b1 = P(d, f + d), P(f + d)          # [W1 of the feed-forward | W1 of the gate]
+            # [W1 of the feed-forward | W1 of the gate]
+            self.w1, self.b1 = P(d, f + d), P(f + d)
             self.w2, self.b2, self.wg, self.bg = P(f, d), P(d), P(d, d), P(d)
             self.w_head, self.b_head = P(d, n_classes), P(n_classes)
             self.consts = {}
@@ -69,16 +70,20 @@ def build_twin(torch):
             att = layer.attn
             np_ = lambda p: torch.as_tensor(backend.to_numpy(p.data))
             for name, value in [
-                    ("embedding", enc.embedding.weight), ("w_qkv", att.w_qkv), ("w_s", att.direction.weight),
-                    ("b_s", att.direction.bias), ("w_o", att.w_o), ("alpha", att.alpha), ("beta", att.beta),
+                    ("embedding", enc.embedding.weight), ("w_qkv", att.w_qkv),
+                                ("w_s", att.direction.weight),
+                    ("b_s", att.direction.bias), ("w_o", att.w_o), ("alpha", att.alpha),
+                                ("beta", att.beta),
                     ("gamma", att.gamma), ("w2", layer.ff.fc2.weight), ("b2", layer.ff.fc2.bias),
-                    ("wg", layer.gate.fc2.weight), ("bg", layer.gate.fc2.bias), ("w_head", model.head.weight),
+                    ("wg", layer.gate.fc2.weight), ("bg", layer.gate.fc2.bias),
+                                ("w_head", model.head.weight),
                     ("b_head", model.head.bias)]:
                 getattr(self, name).copy_(np_(value))
             self.b_q.copy_(np_(att.b_q).reshape(-1))
             self.w1.copy_(torch.cat([np_(layer.ff.fc1.weight), np_(layer.gate.fc1.weight)], 1))
             self.b1.copy_(torch.cat([np_(layer.ff.fc1.bias), np_(layer.gate.fc1.bias)]))
-            for mine, theirs in ((self.norm_merge, layer.norm_merge), (self.norm_out, layer.norm_out)):
+            for mine, theirs in ((self.norm_merge, layer.norm_merge),
+                                 (self.norm_out, layer.norm_out)):
                 mine.weight.copy_(np_(theirs.weight))
                 mine.bias.copy_(np_(theirs.bias))
             return self
@@ -88,7 +93,8 @@ def build_twin(torch):
             tensors."""
             if (T, device) not in self.consts:
                 _, perm, inv, right, _ = constants(T, np.zeros((), np.float32))
-                self.consts[T, device] = tuple(torch.as_tensor(a, device=device) for a in (perm, inv, right))
+                self.consts[T, device] = tuple(torch.as_tensor(a, device=device)
+                                               for a in (perm, inv, right))
             return self.consts[T, device]
 
         def attention(self, x, key_mask):
@@ -107,7 +113,8 @@ def build_twin(torch):
             z = self.alpha * (q @ k.transpose(-1, -2)) + torch.where(right, bs[..., 1:], bs[..., :1])
             invalid = torch.eye(T, dtype=torch.bool, device=x.device) | ~key_mask[:, None, None, :]
             z = z.masked_fill(invalid, F.MASKED)
-            softplus = torch.nn.functional.softplus(z)        # −log(1 − σ(z)); log A = z − Σ_scan softplus
+            # −log(1 − σ(z)); log A = z − Σ_scan softplus
+            softplus = torch.nn.functional.softplus(z)
             scan = softplus.gather(-1, perm.expand_as(z)).cumsum(-1).gather(-1, inv.expand_as(z))
             A = torch.exp(z - scan)
             return ((A @ v).transpose(1, 2).reshape(B * T, C) @ self.w_o).reshape(B, T, C)
@@ -120,7 +127,8 @@ def build_twin(torch):
             hidden = drop(torch.relu(a.reshape(B * T, d) @ self.w1 + self.b1), self.cfg.dropout)
             u = self.norm_out(hidden[:, :-d] @ self.w2 + self.b2)
             g = torch.sigmoid(hidden[:, -d:] @ self.wg + self.bg)
-            if self.training and self.cfg.gate_dropout:   # closes a column's whole gate, without rescaling
+            # closes a column's whole gate, without rescaling
+            if self.training and self.cfg.gate_dropout:
                 g = g * (torch.rand(B * T, 1, device=g.device) >= self.cfg.gate_dropout)
             return h + g.reshape(B, T, d) * (u.reshape(B, T, d) - h)
 
@@ -176,7 +184,8 @@ def compare(preset="paper", device="cpu", repeat=5):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="gpu", choices=("cpu", "gpu"))
     ap.add_argument("--preset", default="paper,cpu", help=f"comma-separated of {list(PRESETS)}")
     ap.add_argument("--repeat", type=int, default=5)

@@ -1,6 +1,6 @@
-"""The Abstractor paper's relational tasks (Altabaa et al. 2024): object sorting with the encoder–decoder
-models, pairwise order and SET with the simplified Abstractor. Section numbers (§) without "paper" are
-those of docs/abstractor.md.
+"""The Abstractor paper's relational tasks (Altabaa et al. 2024): object sorting with the
+encoder–decoder models, pairwise order and SET with the simplified Abstractor. Section numbers (§)
+without "paper" are those of docs/abstractor.md.
 """
 import dataclasses
 
@@ -17,56 +17,63 @@ from .base import EpochSchedule, Recipe, Selection, example_name, fraction, plot
 
 @dataclasses.dataclass
 class SortOptions(EpochSchedule):
-    """The sorting run's options: its training set, its epochs (EpochSchedule) and its stopping rule."""
-    stop_on: str = "train_loss"    # the selection and stopping metric: "train_loss" (the code behind the
+    """The sorting run's options: its training set, its epochs (EpochSchedule) and its stopping
+    rule."""
+    # the selection and stopping metric: "train_loss" (the code behind the
+    stop_on: str = "train_loss"
                                    # paper's Fig. 4; see Sort) or "valid_tf" (the released code)
 
 
 @dataclasses.dataclass
 class RelationalOptions(EpochSchedule):
-    """The pairwise and SET runs' options: their training set and epochs (EpochSchedule), SET's cards."""
+    """The pairwise and SET runs' options: their training set and epochs (EpochSchedule), SET's
+    cards."""
     cards: str = "onehot"          # SET card vectors: "onehot" (12-d) or "random64" (§6.3)
 
 
-# --- sorting (§6.1): Adam lr 1e-3 (AdamW without decay; ε 1e-8 where Keras has 1e-7), batch 512, no clipping,
-# 500 training sequences sampled from the 70,000 pool with the run's seed. The stopping rule is the one behind
-# the paper's Fig. 4 (see Sort): early stopping on the epoch's training loss with patience 10 epochs, the
-# lowest-loss epoch reported, at most 400 epochs (the authors' README command; their script's default was
-# 200). With 10 seeds, the Abstractor's points in the paper lie inside mean ± 2 s.e. of this rule at 300 and
-# 500 sequences and between the 200- and 400-epoch caps at 200 and 400 (the baselines' at 1,500 and 2,000, 5
-# seeds: the Transformer's inside the 200-epoch cap's, the Ablation's between the caps); the released code's
-# rule (``stop_on=valid_tf``, patience 50) puts the Abstractor at 0.69 (10 seeds) where the paper has .206
-# (RESULTS.md, "Sorting with the figure's protocol"). The models' fields are AbstractorConfig's
-# (transformer-seq2seq reads only its EncoderDecoderConfig fields).
+# --- sorting (§6.1): Adam lr 1e-3 (AdamW without decay; ε 1e-8 where Keras has 1e-7), batch 512, no
+# clipping, 500 training sequences sampled from the 70,000 pool with the run's seed. The stopping
+# rule is the one behind the paper's Fig. 4 (see Sort): early stopping on the epoch's training loss
+# with patience 10 epochs, the lowest-loss epoch reported, at most 400 epochs (the authors' README
+# command; their script's default was 200). With 10 seeds, the Abstractor's points in the paper lie
+# inside mean ± 2 s.e. of this rule at 300 and 500 sequences and between the 200- and 400-epoch caps
+# at 200 and 400 (the baselines' at 1,500 and 2,000, 5 seeds: the Transformer's inside the 200-epoch
+# cap's, the Ablation's between the caps); the released code's rule (``stop_on=valid_tf``, patience
+# 50) puts the Abstractor at 0.69 (10 seeds) where the paper has .206 (RESULTS.md, "Sorting with the
+# figure's protocol"). The models' fields are AbstractorConfig's (transformer-seq2seq reads only its
+# EncoderDecoderConfig fields).
 SORT_RUN = dict(batch_size=512, eval_batch_size=2000, lr=1e-3, weight_decay=0.0, grad_clip=0.0, steps=None,
-                eval_every=None, train_size=500, epochs=400, eval_epochs=1, patience=10, stop_on="train_loss")
+                eval_every=None, train_size=500, epochs=400, eval_epochs=1, patience=10,
+                stop_on="train_loss")
 SORT_PAPER = {
     ("sort", "abstractor"): dict(SORT_RUN),
     ("sort", "abstractor-ablation"): dict(SORT_RUN),
     ("sort", "transformer-seq2seq"): dict(SORT_RUN, n_encoder_layers=4, n_decoder_layers=4),
 }
-# "cpu": the same: evaluating every epoch costs nothing when the training loss selects (the released rule,
-# --set stop_on=valid_tf --set patience=50, is cheaper with --set eval_epochs=10)
+# "cpu": the same: evaluating every epoch costs nothing when the training loss selects (the released
+# rule, --set stop_on=valid_tf --set patience=50, is cheaper with --set eval_epochs=10)
 SORT_CPU = {}
 
-# --- pairwise order and SET (§6.2–6.3): Adam lr 1e-3, batch 64, no clipping, every epoch trained (patience
-# 0). Pairwise: 100 epochs over all 2,015 training pairs (sigmoid, asymmetric, no W_q/W_k bias, head Dense(32,
-# ReLU) → 1 logit); SET: 200 epochs over 2,000 training triples (linear, symmetric with bias, d_ff 128, head →
-# 2 logits). Both presets are the paper's: a run takes minutes.
+# --- pairwise order and SET (§6.2–6.3): Adam lr 1e-3, batch 64, no clipping, every epoch trained
+# (patience 0). Pairwise: 100 epochs over all 2,015 training pairs (sigmoid, asymmetric, no W_q/W_k
+# bias, head Dense(32, ReLU) → 1 logit); SET: 200 epochs over 2,000 training triples (linear,
+# symmetric with bias, d_ff 128, head → 2 logits). Both presets are the paper's: a run takes
+# minutes.
 RELATIONAL_RUN = dict(batch_size=64, eval_batch_size=2048, lr=1e-3, weight_decay=0.0, grad_clip=0.0,
                       steps=None, eval_every=None, eval_epochs=1, patience=0)
 RELATIONAL_PAPER = {
     ("pairwise", "abstractor-simplified"): dict(RELATIONAL_RUN, train_size=2015, epochs=100),
-    ("set", "abstractor-simplified"): dict(RELATIONAL_RUN, train_size=2000, epochs=200, activation="linear",
+    ("set", "abstractor-simplified"): dict(RELATIONAL_RUN, train_size=2000, epochs=200,
+                                           activation="linear",
                                            symmetric=True, rel_bias=True, d_ff=128, head_hidden=0),
 }
 
 
 class ObjectRecipe(Recipe):
-    """Shared by the Abstractor recipes: the training set is ``train_size`` samples of the task's train
-    pool drawn with the run's seed, in Keras-style epochs (a fresh permutation, the last batch partial:
-    EpochSchedule); everything is reported at the selected evaluation (the reference restores the best
-    parameters)."""
+    """Shared by the Abstractor recipes: the training set is ``train_size`` samples of the task's
+    train pool drawn with the run's seed, in Keras-style epochs (a fresh permutation, the last batch
+    partial: EpochSchedule); everything is reported at the selected evaluation (the reference
+    restores the best parameters)."""
 
     def load_task(self):
         self.task = self.make_task()
@@ -80,34 +87,38 @@ class ObjectRecipe(Recipe):
         return self.to_device([self.task.objects[split.index]])[0]
 
     def _plot_samples(self, texts):
-        """(name, object indices) of the test samples --plot shows, or of --example texts of indices."""
+        """(name, object indices) of the test samples --plot shows, or of --example texts of
+        indices."""
         split, examples = self.task.splits["test"], []
         n, m = len(self.task.objects), split.index.shape[1]
         for text in texts:
             index = np.array([int(t) for t in text.split() if t.isdigit()])
             if len(text.split()) != m or len(set(index.tolist())) != m or not (index < n).all():
-                raise ValueError(f"--example {text!r}: give {m} distinct object indices in 0..{n - 1}")
+                raise ValueError(f"--example {text!r}: give {m} distinct object indices in "
+                                 f"0..{n - 1}")
             examples.append((example_name(text), index))
-        return examples or [(sample_name("test", i, split), split.index[i]) for i in plot_sample(len(split))]
+        return examples or [(sample_name("test", i, split), split.index[i])
+                            for i in plot_sample(len(split))]
 
 
 class Sort(ObjectRecipe):
-    """Object sorting with the encoder–decoder models (§6.1): cross-entropy over the 10 positions under
-    teacher forcing. The greedy metrics — full-sequence accuracy ``valid`` and ``test`` (the reported one),
-    element-wise ``test_elem`` — decode 30,000 sequences, so they are computed once, after training, with the
-    selected evaluation's parameters (``Selection.once``).
+    """Object sorting with the encoder–decoder models (§6.1): cross-entropy over the 10 positions
+    under teacher forcing. The greedy metrics — full-sequence accuracy ``valid`` and ``test`` (the
+    reported one), element-wise ``test_elem`` — decode 30,000 sequences, so they are computed once,
+    after training, with the selected evaluation's parameters (``Selection.once``).
 
     Two selection and stopping rules (``stop_on``):
 
-    - ``train_loss`` (the default): the rule of the authors' sorting script when the paper's Fig. 4 was made
-      (jdlafferty/relational, April–May 2023: Keras ``EarlyStopping(monitor='loss', patience=10,
-      restore_best_weights=True)``): select and stop on the epoch's mean training loss. Nothing else is
-      evaluated during training, so evaluating every epoch costs nothing; metrics.jsonl has the training loss
-      and teacher-forcing accuracy. (At the epoch cap Keras keeps the last epoch's weights where this keeps
-      the lowest-loss epoch's; at the cap the two were at most 4 epochs apart in our runs.)
-    - ``valid_tf``: the released code's rule (Awni00/abstractor): the validation teacher-forcing accuracy,
-      with ``valid_tf`` and ``train`` (greedy full-sequence accuracy on the training set) at every
-      evaluation."""
+    - ``train_loss`` (the default): the rule of the authors' sorting script when the paper's Fig. 4
+      was made (jdlafferty/relational, April–May 2023: Keras ``EarlyStopping(monitor='loss',
+      patience=10, restore_best_weights=True)``): select and stop on the epoch's mean training loss.
+      Nothing else is evaluated during training, so evaluating every epoch costs nothing;
+      metrics.jsonl has the training loss and teacher-forcing accuracy. (At the epoch cap Keras
+      keeps the last epoch's weights where this keeps the lowest-loss epoch's; at the cap the two
+      were at most 4 epochs apart in our runs.)
+    - ``valid_tf``: the released code's rule (Awni00/abstractor): the validation teacher-forcing
+      accuracy, with ``valid_tf`` and ``train`` (greedy full-sequence accuracy on the training set)
+      at every evaluation."""
     tasks = ("sort",)
     models = abstractor.SEQ2SEQ_MODELS
     PAPER, CPU = SORT_PAPER, SORT_CPU
@@ -132,7 +143,8 @@ class Sort(ObjectRecipe):
                                         seed=self.cfg.seed)
 
     def _arrays(self, split):
-        return (self._objects(split), *self.to_device((SortTask.decoder_inputs(split.labels), split.labels)))
+        return (self._objects(split),
+                *self.to_device((SortTask.decoder_inputs(split.labels), split.labels)))
 
     def loss(self, model, batch):
         x, tgt_in, y = self._arrays(batch)
@@ -140,7 +152,8 @@ class Sort(ObjectRecipe):
         return F.cross_entropy(logits, y), {"tf_acc": (logits.data.argmax(-1) == y).sum()}, y.size
 
     def _count(self, model, split, greedy):
-        """(correct sequences, correct tokens) under greedy decoding or teacher forcing, as device scalars."""
+        """(correct sequences, correct tokens) under greedy decoding or teacher forcing, as device
+        scalars."""
         seqs = tokens = 0
         for chunk in split.chunks(self.cfg.eval_batch_size):
             x, tgt_in, y = self._arrays(chunk)
@@ -155,24 +168,28 @@ class Sort(ObjectRecipe):
         valid = self.task.splits["valid"]
         with no_grad(), eval_mode():
             return {"valid_tf": fraction(self._count(model, valid, False)[1], valid.labels.size),
-                    "train": fraction(self._count(model, self.train_set, True)[0], len(self.train_set))}
+                    "train": fraction(self._count(model, self.train_set, True)[0],
+                                      len(self.train_set))}
 
     def evaluate_selected(self, model):
         valid, test = self.task.splits["valid"], self.task.splits["test"]
         with no_grad(), eval_mode():
             seqs, tokens = self._count(model, test, True)
             return {"valid": fraction(self._count(model, valid, True)[0], len(valid)),
-                    "test": fraction(seqs, len(test)), "test_elem": fraction(tokens, test.labels.size)}
+                    "test": fraction(seqs, len(test)),
+                    "test_elem": fraction(tokens, test.labels.size)}
 
     def plot_examples(self, model, texts):
-        """Encoder attention, the Abstractor's relation matrices and its symbols' attention, on test sequences
-        or --example object indices ("17 3 40 29 5 11 46 0 33 21": 10 of the 48 objects)."""
+        """Encoder attention, the Abstractor's relation matrices and its symbols' attention, on test
+        sequences or --example object indices ("17 3 40 29 5 11 46 0 33 21": 10 of the 48
+        objects)."""
         pictures = []
         for name, index in self._plot_samples(texts):
             title = (f"sort / {self.cfg.model}: objects {' '.join(map(str, index))} "
                      f"(target {' '.join(map(str, np.argsort(index)))})")
             x = self.to_device([self.task.objects[index][None]])[0]
-            pictures += viz.seq2seq_pictures(model, x, len(index), SortTask.START, [f"o{i}" for i in index],
+            pictures += viz.seq2seq_pictures(model, x, len(index), SortTask.START,
+                                             [f"o{i}" for i in index],
                                              title, name)
         return pictures
 
@@ -187,8 +204,8 @@ def _set_tokens(task, index):
     return [f"{i}:{''.join(map(str, a))}" for i, a in zip(index, attrs)], int(is_set(attrs))
 
 
-# The two tasks as rows: the data, the logits (one: a sigmoid and binary cross-entropy; two: a softmax), and
-# how --plot names a sample's objects and classes.
+# The two tasks as rows: the data, the logits (one: a sigmoid and binary cross-entropy; two: a
+# softmax), and how --plot names a sample's objects and classes.
 RELATIONAL_TASKS = {
     "pairwise": dict(make=lambda options: PairwiseOrderTask(), n_out=1, tokens=_pairwise_tokens,
                      classes=("first > second", "first < second")),
@@ -198,11 +215,11 @@ RELATIONAL_TASKS = {
 
 
 class RelationalTasks(ObjectRecipe):
-    """Pairwise order and SET with the simplified Abstractor (§6.2, §6.3): binary cross-entropy on one
-    logit (pairwise) or softmax cross-entropy on two (SET); accuracy on ``train`` (the training set),
-    ``valid`` and ``test``, reported at the evaluation with the lowest validation loss ``valid_loss``.
-    SET cards are not images (a documented deviation): its numbers are not directly comparable with
-    the paper's."""
+    """Pairwise order and SET with the simplified Abstractor (§6.2, §6.3): binary cross-entropy on
+    one logit (pairwise) or softmax cross-entropy on two (SET); accuracy on ``train`` (the training
+    set), ``valid`` and ``test``, reported at the evaluation with the lowest validation loss
+    ``valid_loss``. SET cards are not images (a documented deviation): its numbers are not directly
+    comparable with the paper's."""
     tasks = tuple(RELATIONAL_TASKS)
     models = abstractor.CLASSIFIER_MODELS
     PAPER = RELATIONAL_PAPER
@@ -214,8 +231,10 @@ class RelationalTasks(ObjectRecipe):
         return self.row["make"](self.cfg.options)
 
     def build_model(self):
-        return abstractor.RelationalClassifier(self.task.objects.shape[1], self.train_set.index.shape[1],
-                                               self.row["n_out"], self.cfg.model_config, seed=self.cfg.seed)
+        return abstractor.RelationalClassifier(self.task.objects.shape[1],
+                                               self.train_set.index.shape[1],
+                                               self.row["n_out"], self.cfg.model_config,
+                                               seed=self.cfg.seed)
 
     def loss(self, model, batch):
         """(mean loss, {"acc": correct}, n) for a split or batch."""
@@ -241,8 +260,8 @@ class RelationalTasks(ObjectRecipe):
         return result
 
     def plot_examples(self, model, texts):
-        """The relation matrices of every layer and relation, on test samples or --example object indices
-        (pairwise: "5 41", two of the 64 objects; set: "0 40 80", three of the 81 cards)."""
+        """The relation matrices of every layer and relation, on test samples or --example object
+        indices (pairwise: "5 41", two of the 64 objects; set: "0 40 80", three of the 81 cards)."""
         pictures, classes = [], self.row["classes"]
         for name, index in self._plot_samples(texts):
             tokens, target = self.row["tokens"](self.task, index)

@@ -1,7 +1,7 @@
 """The recipe interface: what train.py's loop asks of every kind of experiment.
 
-A recipe is one paper's way to train: its presets, how it builds its model, draws batches, computes the loss,
-evaluates and selects, and draws pictures. train.py runs the same loop for all of them;
+A recipe is one paper's way to train: its presets, how it builds its model, draws batches, computes
+the loss, evaluates and selects, and draws pictures. train.py runs the same loop for all of them;
 ``minattn/lab/recipes/__init__.py`` lists them in one table (``RECIPES``). A recipe is a subclass of
 ``Recipe`` with these tables and hooks:
 
@@ -24,14 +24,16 @@ evaluates and selects, and draws pictures. train.py runs the same loop for all o
     analyze(model)                 text about a trained model (train.py --analyze)
     plot_examples(model, texts)    viz pictures of a trained model (train.py --plot)
 
-Only the first five hooks have no default. A hook may raise ValueError for a bad user value (an unknown
---set choice, a train size larger than the pool): train.py turns it into a one-line UsageError.
+Only the first five hooks have no default. A hook may raise ValueError for a bad user value (an
+unknown --set choice, a train size larger than the pool): train.py turns it into a one-line
+UsageError.
 
 A run's configuration (``RunConfig``) has three parts that do one thing each: the run's schedule and
-optimizer (RunConfig's own fields), the task options (``options``, the recipe's ``Options``: the data, and
-the schedule a task counts in, ``EpochSchedule`` or ``WarmupSchedule``) and the model (``model_config``:
-the model and nothing else). A preset row names fields of all three; ``Recipe.config`` sorts them by name.
-The schedule is resolved (``schedule``) before the recipe is built; a recipe never writes its config.
+optimizer (RunConfig's own fields), the task options (``options``, the recipe's ``Options``: the
+data, and the schedule a task counts in, ``EpochSchedule`` or ``WarmupSchedule``) and the model
+(``model_config``: the model and nothing else). A preset row names fields of all three;
+``Recipe.config`` sorts them by name. The schedule is resolved (``schedule``) before the recipe is
+built; a recipe never writes its config.
 """
 import dataclasses
 import re
@@ -51,26 +53,31 @@ class RunConfig:
     preset: str = "cpu"
     device: str = "cpu"
     seed: int = 0
-    steps: int = 3000              # optimizer steps (None: counted in epochs, see ``EpochSchedule``)
+    # optimizer steps (None: counted in epochs, see ``EpochSchedule``)
+    steps: int = 3000
     batch_size: int = 128
     lr: float = 3e-4               # AdamW's rate (constant unless the options have a warm-up)
     weight_decay: float = 0.01     # AdamW, on all parameters (docs/ndr.md §6)
     grad_clip: float = 5.0         # global L2 norm (0: no clipping)
-    batching: str = "bucketed"     # "bucketed" (length-sorted batches), "random" (with replacement),
-                                   # "balanced" / "stratified" (depths drawn uniformly per batch / per
-                                   # sample) or, for seq2seq tasks, "shuffled" (a new permutation each epoch)
+    # "bucketed" (length-sorted batches), "random" (with replacement),
+    batching: str = "bucketed"
+                                   # "balanced" / "stratified" (depths drawn uniformly per batch /
+                                   # per sample) or, for seq2seq tasks, "shuffled" (a new
+                                   # permutation each epoch)
     eval_every: int = 500          # (None: counted in epochs, see ``EpochSchedule``)
     eval_batch_size: int = 1024
-    model_config: object = None    # the model's dataclass (e.g. EncoderConfig): the model and nothing else
+    # the model's dataclass (e.g. EncoderConfig): the model and nothing else
+    model_config: object = None
     options: object = None         # the recipe's task options (its ``Options``), or None
 
 
 @dataclasses.dataclass
 class EpochSchedule:
-    """Task options of a recipe that trains in Keras-style epochs over a training set of ``train_size``
-    samples: unless --steps / --eval-every are given, the step budget is ``epochs`` epochs and an evaluation
-    comes every ``eval_epochs`` epochs (``schedule`` resolves both before the recipe is built); training
-    stops after ``patience`` epochs without a better selection metric (0: never)."""
+    """Task options of a recipe that trains in Keras-style epochs over a training set of
+    ``train_size`` samples: unless --steps / --eval-every are given, the step budget is ``epochs``
+    epochs and an evaluation comes every ``eval_epochs`` epochs (``schedule`` resolves both before
+    the recipe is built); training stops after ``patience`` epochs without a better selection metric
+    (0: never)."""
     train_size: int = 0
     epochs: int = 0
     eval_epochs: int = 1
@@ -78,8 +85,8 @@ class EpochSchedule:
 
 
 def schedule(cfg):
-    """``cfg`` with its step budget and evaluation interval counted (a copy: the preset keeps its Nones).
-    Epoch counts apply to what is None; everything else is the configuration's own."""
+    """``cfg`` with its step budget and evaluation interval counted (a copy: the preset keeps its
+    Nones). Epoch counts apply to what is None; everything else is the configuration's own."""
     if isinstance(cfg.options, EpochSchedule):
         per_epoch = steps_per_epoch(cfg)
         return dataclasses.replace(
@@ -94,10 +101,10 @@ def steps_per_epoch(cfg):
 
 
 def stop_early(cfg, selection, step, history):
-    """Early stopping (``EpochSchedule.patience``), as Keras' EarlyStopping: True right after an evaluation,
-    once ``patience`` epochs have passed since the selection metric last strictly improved. Asked before every
-    step with the evaluations logged so far (restored on --resume, so a resumed run stops where a straight one
-    does)."""
+    """Early stopping (``EpochSchedule.patience``), as Keras' EarlyStopping: True right after an
+    evaluation, once ``patience`` epochs have passed since the selection metric last strictly
+    improved. Asked before every step with the evaluations logged so far (restored on --resume, so a
+    resumed run stops where a straight one does)."""
     if not isinstance(cfg.options, EpochSchedule) or not cfg.options.patience:
         return False
     if not history or step % cfg.eval_every:
@@ -114,9 +121,10 @@ class WarmupSchedule:
 
 
 class WarmupAdamW(optim.AdamW):
-    """AdamW (β 0.9/0.98, ε 1e-9; docs/coda.md §6) whose rate rises linearly to ``lr`` over ``warmup`` steps,
-    then decays as lr·√(warmup/t) (Vaswani et al. 2017, §5.3, with the peak given directly). The rate is a
-    function of the step count alone, so --resume continues the schedule exactly."""
+    """AdamW (β 0.9/0.98, ε 1e-9; docs/coda.md §6) whose rate rises linearly to ``lr`` over
+    ``warmup`` steps, then decays as lr·√(warmup/t) (Vaswani et al. 2017, §5.3, with the peak given
+    directly). The rate is a function of the step count alone, so --resume continues the schedule
+    exactly."""
 
     def __init__(self, params, lr, warmup, weight_decay=0.0):
         super().__init__(params, lr, betas=(0.9, 0.98), eps=1e-9, weight_decay=weight_decay)
@@ -129,7 +137,8 @@ class WarmupAdamW(optim.AdamW):
 
 
 def optimizer(cfg, params):
-    """AdamW at the run's rate and weight decay: constant, or with the options' warm-up (``WarmupSchedule``).
+    """AdamW at the run's rate and weight decay: constant, or with the options' warm-up
+    (``WarmupSchedule``).
     """
     if isinstance(cfg.options, WarmupSchedule):
         return WarmupAdamW(params, cfg.lr, cfg.options.warmup, cfg.weight_decay)
@@ -138,10 +147,11 @@ def optimizer(cfg, params):
 
 @dataclasses.dataclass(frozen=True)
 class Selection:
-    """The model-selection rule of a task, one value: the logged ``metric`` that selects the reported
-    evaluation (None: the last evaluation), whether ``higher`` is better (ties go to the later evaluation),
-    the metrics reported at the ``final`` evaluation instead of the selected one, and those computed
-    ``once``, at the end, with the selected parameters (``evaluate_selected``)."""
+    """The model-selection rule of a task, one value: the logged ``metric`` that selects the
+    reported evaluation (None: the last evaluation), whether ``higher`` is better (ties go to the
+    later evaluation), the metrics reported at the ``final`` evaluation instead of the selected one,
+    and those computed ``once``, at the end, with the selected parameters
+    (``evaluate_selected``)."""
     metric: str = "valid"
     higher: bool = True
     final: tuple = ()
@@ -149,16 +159,18 @@ class Selection:
 
 
 def preset_row(recipe, task, model, preset):
-    """The preset of (task, model) as one dict of fields by name: the paper's row of ``recipe.PAPER`` (a task
-    may share another's rows, ``SAME_ROWS``; a model without a row of its own takes ``ROW_OF_ANY_MODEL``'s),
-    and for "cpu" the overrides of ``recipe.CPU`` in this order: "*" (every run), the task, the model,
-    (task, model). A missing row is a UsageError that names the rows there are."""
+    """The preset of (task, model) as one dict of fields by name: the paper's row of
+    ``recipe.PAPER`` (a task may share another's rows, ``SAME_ROWS``; a model without a row of its
+    own takes ``ROW_OF_ANY_MODEL``'s), and for "cpu" the overrides of ``recipe.CPU`` in this order:
+    "*" (every run), the task, the model, (task, model). A missing row is a UsageError that names
+    the rows there are."""
     task = recipe.SAME_ROWS.get(task, task)
     paper, fallback = recipe.PAPER, recipe.ROW_OF_ANY_MODEL
     row = paper.get((task, model), paper.get((task, fallback)))
     if row is None:
         valid = ", ".join(m for t, m in paper if t == task)
-        raise UsageError(f"no preset for {task} / {model}; " + (f"models with one: {valid}" if valid else
+        raise UsageError(f"no preset for {task} / {model}; " + (f"models with one: "
+                                                                f"{valid}" if valid else
                          f"tasks with one: {', '.join(dict.fromkeys(t for t, _ in paper))}"))
     row = dict(row)
     if preset == "cpu":
@@ -172,8 +184,8 @@ def fields(cls):
 
 
 def field_types(recipe, model):
-    """{setting: its type} of a run of ``recipe`` with ``model``: the run's fields, the task options' and the
-    model's, from their classes (no preset is built)."""
+    """{setting: its type} of a run of ``recipe`` with ``model``: the run's fields, the task
+    options' and the model's, from their classes (no preset is built)."""
     classes = [RunConfig, recipe.Options, recipe.model_config_class(model)]
     return {f.name: f.type for cls in classes if cls is not None for f in dataclasses.fields(cls)
             if f.name not in ("model_config", "options")}
@@ -185,15 +197,18 @@ class Recipe:
     models = {}                      # model name → its registry row (models/*.py)
     PAPER, CPU = {}, {}              # presets (``preset_row``)
     SAME_ROWS = {}                   # task → the task whose preset rows it uses
-    ROW_OF_ANY_MODEL = None          # the model whose rows a model without its own uses (None: none)
+    # the model whose rows a model without its own uses (None: none)
+    ROW_OF_ANY_MODEL = None
     ModelConfig = None               # the model config class (``model_config_class``)
     Options = None                   # the task options class, or None
-    selection = Selection()          # the model-selection rule (a property where it depends on the run)
+    # the model-selection rule (a property where it depends on the run)
+    selection = Selection()
 
     def __init__(self, cfg):
         self.cfg = cfg
 
-    # --- configuration: class methods, so train.py resolves a run before it builds the recipe ------------
+    # --- configuration: class methods, so train.py resolves a run before it builds the recipe
+    # ------------
 
     @classmethod
     def model_config_class(cls, model):
@@ -201,13 +216,15 @@ class Recipe:
 
     @classmethod
     def ignored_settings(cls, model):
-        """The settings of ``model``'s config that the model never reads (its registry row's ``ignores``)."""
+        """The settings of ``model``'s config that the model never reads (its registry row's
+        ``ignores``)."""
         row = cls.models[model]
         return row.get("ignores", ()) if isinstance(row, dict) else row.ignores
 
     @classmethod
     def derive(cls, row, task, model):
-        """Fields a preset computes from its other fields (e.g. SCAN's steps from its split); default none."""
+        """Fields a preset computes from its other fields (e.g. SCAN's steps from its split);
+        default none."""
         return row
 
     @classmethod
@@ -221,8 +238,8 @@ class Recipe:
 
     @classmethod
     def config(cls, task, model, preset, **options):
-        """The RunConfig of a preset (before command-line overrides other than the task ``options``, which
-        choose the data a preset may count in)."""
+        """The RunConfig of a preset (before command-line overrides other than the task ``options``,
+        which choose the data a preset may count in)."""
         cls.check_names(task, model, preset)
         row = preset_row(cls, task, model, preset)
         row = cls.derive({**row, **options}, task, model)
@@ -235,7 +252,8 @@ class Recipe:
                          model_config=cls.model_config_class(model)(**parts["model"]),
                          options=cls.Options(**parts["options"]) if cls.Options else None)
 
-    # --- the run -------------------------------------------------------------------------------------------
+    # --- the run
+    # -------------------------------------------------------------------------------------------
 
     def load_task(self):
         raise NotImplementedError
@@ -244,7 +262,8 @@ class Recipe:
         raise NotImplementedError
 
     def batches(self, rng):
-        """Endless host-side training batches; a pure function of ``rng`` (so --resume can replay it)."""
+        """Endless host-side training batches; a pure function of ``rng`` (so --resume can replay
+        it)."""
         raise NotImplementedError
 
     def loss(self, model, batch):
@@ -256,9 +275,10 @@ class Recipe:
         raise NotImplementedError
 
     def evaluate_selected(self, model):
-        """{metric: number} for the ``once`` metrics of the selection rule, computed once after training with
-        the parameters of the selected evaluation (train() keeps a copy of them, checkpointed): for metrics
-        too slow to compute at every evaluation, such as greedy decoding of a large test set."""
+        """{metric: number} for the ``once`` metrics of the selection rule, computed once after
+        training with the parameters of the selected evaluation (train() keeps a copy of them,
+        checkpointed): for metrics too slow to compute at every evaluation, such as greedy decoding
+        of a large test set."""
         return {}
 
     def log_extra(self, model):
@@ -270,8 +290,8 @@ class Recipe:
         raise UsageError(f"no analysis for task {self.cfg.task}")
 
     def plot_examples(self, model, texts):
-        """``viz`` pictures of the model on a fixed sample of test examples, or on the inputs ``texts``
-        (``train.py --plot --example TEXT``)."""
+        """``viz`` pictures of the model on a fixed sample of test examples, or on the inputs
+        ``texts`` (``train.py --plot --example TEXT``)."""
         raise UsageError(f"no pictures for task {self.cfg.task}")
 
     def to_device(self, arrays):
@@ -279,7 +299,8 @@ class Recipe:
         return [backend.to_device(a, self.cfg.device) for a in arrays]
 
 
-# --- shared bodies: counting correct predictions, --example parsing, --plot's sample ------------------------
+# --- shared bodies: counting correct predictions, --example parsing, --plot's sample
+# ------------------------
 
 def fraction(count, n):
     """A device count over n, as a rounded host number (one sync per metric)."""
@@ -287,14 +308,15 @@ def fraction(count, n):
 
 
 def parse_tokens(text, vocab, split=str.split):
-    """--example TEXT → token ids in ``vocab`` (``split`` cuts the text: words, or characters); a ValueError
-    names the unknown tokens and the valid ones."""
+    """--example TEXT → token ids in ``vocab`` (``split`` cuts the text: words, or characters); a
+    ValueError names the unknown tokens and the valid ones."""
     index = {t: i for i, t in enumerate(vocab)}
     tokens = split(text)
     unknown = [t for t in tokens if t not in index]
     if unknown or not tokens:
         valid = " ".join(t for t in vocab if not t.startswith("<"))
-        raise ValueError(f"--example {text!r}: {'unknown ' + ' '.join(unknown) if unknown else 'empty'}; "
+        raise ValueError(f"--example {text!r}: "
+                         f"{'unknown ' + ' '.join(unknown) if unknown else 'empty'}; "
                          f"input tokens: {valid}")
     return np.array([index[t] for t in tokens])
 
@@ -313,7 +335,7 @@ def sample_name(split_name, i, split):
 
 
 def example_name(text):
-    """A file name of its own for each --example input: the text made file-safe, plus a hash of the text
-    when that changed it (so "x+y" and "x*y" do not share a file)."""
+    """A file name of its own for each --example input: the text made file-safe, plus a hash of the
+    text when that changed it (so "x+y" and "x*y" do not share a file)."""
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", text.strip())[:40]
     return f"example-{safe}" + (f"-{zlib.crc32(text.encode()):08x}" if safe != text else "")

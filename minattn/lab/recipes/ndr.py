@@ -1,6 +1,6 @@
 """The Neural Data Router paper's experiments (Csordás et al. 2022): sequence classification on CTL,
-arithmetic and ListOps with NDR and its baselines, plus the attention drop-ins compared on the same runs
-(compositional attention, CoDA). Section numbers (§) without "paper" are those of docs/ndr.md.
+arithmetic and ListOps with NDR and its baselines, plus the attention drop-ins compared on the same
+runs (compositional attention, CoDA). Section numbers (§) without "paper" are those of docs/ndr.md.
 """
 import numpy as np
 
@@ -14,69 +14,83 @@ from minattn.models.encoder import ARCHITECTURES, Classifier
 from .. import viz
 from .base import Recipe, Selection, example_name, fraction, parse_tokens, plot_sample, sample_name
 
-# --- "paper": the official sweeps (§8), which the paper's Tables 4–6 repeat -------------------------------
-# One row per (task, model), the model's fields (EncoderConfig) and the run's. Embeddings (§5): N(0, 1) for
-# NDR, the gated baselines and the plain "Transformer"; §5 lists Kaiming for the CTL/arithmetic
-# "Transformer", but the official code builds that (universal) variant without passing the sweep's
-# embedding_init (tasks/simple/transformer_classifier_mixin.py), so its default N(0, 1) applies. "+ rel" is
-# the Transformer's run with the sweep's init. "+ geom. att." (the paper ran it on CTL only) and compositional
-# attention (a drop-in) are the Transformer's run, read at EOS outside ListOps. Readout (§1): SOS on ListOps
-# and for the arithmetic "Transformer" and "+ rel", EOS everywhere else. "+ abs/rel + gate" is "+ rel +
-# gate" plus the abs gate: where the paper has only one of them, both share its row. A model without a row
-# of its own (an attention drop-in such as transformer-coda) trains exactly the Transformer's run.
+# --- "paper": the official sweeps (§8), which the paper's Tables 4–6 repeat
+# ------------------------------- One row per (task, model), the model's fields (EncoderConfig) and
+# the run's. Embeddings (§5): N(0, 1) for NDR, the gated baselines and the plain "Transformer"; §5
+# lists Kaiming for the CTL/arithmetic "Transformer", but the official code builds that (universal)
+# variant without passing the sweep's embedding_init (tasks/simple/transformer_classifier_mixin.py),
+# so its default N(0, 1) applies. "+ rel" is the Transformer's run with the sweep's init. "+ geom.
+# att." (the paper ran it on CTL only) and compositional attention (a drop-in) are the Transformer's
+# run, read at EOS outside ListOps. Readout (§1): SOS on ListOps and for the arithmetic
+# "Transformer" and "+ rel", EOS everywhere else. "+ abs/rel + gate" is "+ rel + gate" plus the abs
+# gate: where the paper has only one of them, both share its row. A model without a row of its own
+# (an attention drop-in such as transformer-coda) trains exactly the Transformer's run.
 PAPER = {
     ("ctl", "transformer"): dict(
         d_model=128, d_ff=256, n_head=4, n_steps=11, embedding_init="normal", readout="eos",
-        dropout=0.1, attention_dropout=0.0, gate_dropout=0.0, steps=30_000, batch_size=512, eval_every=1000,
+        dropout=0.1, attention_dropout=0.0, gate_dropout=0.0, steps=30_000, batch_size=512,
+                                 eval_every=1000,
         lr=1.5e-4, weight_decay=0.0025, grad_clip=5.0, batching="random"),
     ("ctl", "transformer-rel"): dict(
         d_model=128, d_ff=256, n_head=4, n_steps=11, embedding_init="kaiming", readout="eos",
-        dropout=0.1, attention_dropout=0.0, gate_dropout=0.0, steps=30_000, batch_size=512, eval_every=1000,
+        dropout=0.1, attention_dropout=0.0, gate_dropout=0.0, steps=30_000, batch_size=512,
+                                     eval_every=1000,
         lr=1.5e-4, weight_decay=0.0025, grad_clip=5.0, batching="random"),
     ("ctl", "transformer-rel-gate"): dict(
         d_model=256, d_ff=1024, n_head=1, n_steps=14, embedding_init="normal", readout="eos",
-        dropout=0.5, attention_dropout=0.1, gate_dropout=0.0, steps=30_000, batch_size=512, eval_every=1000,
+        dropout=0.5, attention_dropout=0.1, gate_dropout=0.0, steps=30_000, batch_size=512,
+                                          eval_every=1000,
         lr=2e-4, weight_decay=0.01, grad_clip=5.0, batching="random"),
     ("ctl", "transformer-absrel-gate"): dict(
         d_model=256, d_ff=1024, n_head=1, n_steps=14, embedding_init="normal", readout="eos",
-        dropout=0.5, attention_dropout=0.1, gate_dropout=0.0, steps=30_000, batch_size=512, eval_every=1000,
+        dropout=0.5, attention_dropout=0.1, gate_dropout=0.0, steps=30_000, batch_size=512,
+                                             eval_every=1000,
         lr=2e-4, weight_decay=0.01, grad_clip=5.0, batching="random"),
     ("ctl", "transformer-geom"): dict(
         d_model=128, d_ff=256, n_head=4, n_steps=11, embedding_init="kaiming", readout="eos",
-        dropout=0.1, attention_dropout=0.0, gate_dropout=0.0, steps=30_000, batch_size=512, eval_every=1000,
+        dropout=0.1, attention_dropout=0.0, gate_dropout=0.0, steps=30_000, batch_size=512,
+                                      eval_every=1000,
         lr=1.5e-4, weight_decay=0.0025, grad_clip=5.0, batching="random"),
     ("ctl", "ndr"): dict(
         d_model=256, d_ff=512, n_head=1, n_steps=14, embedding_init="normal", readout="eos",
-        dropout=0.5, attention_dropout=0.1, gate_dropout=0.1, steps=30_000, batch_size=512, eval_every=1000,
+        dropout=0.5, attention_dropout=0.1, gate_dropout=0.1, steps=30_000, batch_size=512,
+                         eval_every=1000,
         lr=1.5e-4, weight_decay=0.01, grad_clip=5.0, batching="bucketed"),
     ("ctl", "transformer-compositional"): dict(
         d_model=128, d_ff=256, n_head=4, n_steps=11, embedding_init="normal", readout="eos",
-        dropout=0.1, attention_dropout=0.0, gate_dropout=0.0, steps=30_000, batch_size=512, eval_every=1000,
+        dropout=0.1, attention_dropout=0.0, gate_dropout=0.0, steps=30_000, batch_size=512,
+                                               eval_every=1000,
         lr=1.5e-4, weight_decay=0.0025, grad_clip=5.0, batching="random"),
     # arithmetic
     ("arith", "transformer"): dict(
         d_model=128, d_ff=256, n_head=4, n_steps=11, embedding_init="normal", readout="sos",
-        dropout=0.5, attention_dropout=0.1, gate_dropout=0.0, steps=200_000, batch_size=512, eval_every=1000,
+        dropout=0.5, attention_dropout=0.1, gate_dropout=0.0, steps=200_000, batch_size=512,
+                                   eval_every=1000,
         lr=1.5e-4, weight_decay=0.0025, grad_clip=1.0, batching="bucketed"),
     ("arith", "transformer-rel"): dict(
         d_model=128, d_ff=256, n_head=4, n_steps=11, embedding_init="kaiming", readout="sos",
-        dropout=0.5, attention_dropout=0.1, gate_dropout=0.0, steps=200_000, batch_size=512, eval_every=1000,
+        dropout=0.5, attention_dropout=0.1, gate_dropout=0.0, steps=200_000, batch_size=512,
+                                       eval_every=1000,
         lr=1.5e-4, weight_decay=0.0025, grad_clip=1.0, batching="bucketed"),
     ("arith", "transformer-rel-gate"): dict(
         d_model=256, d_ff=1024, n_head=4, n_steps=15, embedding_init="normal", readout="eos",
-        dropout=0.5, attention_dropout=0.1, gate_dropout=0.1, steps=100_000, batch_size=512, eval_every=1000,
+        dropout=0.5, attention_dropout=0.1, gate_dropout=0.1, steps=100_000, batch_size=512,
+                                            eval_every=1000,
         lr=1.5e-4, weight_decay=0.01, grad_clip=1.0, batching="bucketed"),
     ("arith", "transformer-absrel-gate"): dict(
         d_model=256, d_ff=1024, n_head=4, n_steps=15, embedding_init="normal", readout="eos",
-        dropout=0.5, attention_dropout=0.1, gate_dropout=0.1, steps=100_000, batch_size=512, eval_every=1000,
+        dropout=0.5, attention_dropout=0.1, gate_dropout=0.1, steps=100_000, batch_size=512,
+                                               eval_every=1000,
         lr=1.5e-4, weight_decay=0.01, grad_clip=1.0, batching="bucketed"),
     ("arith", "transformer-geom"): dict(
         d_model=128, d_ff=256, n_head=4, n_steps=11, embedding_init="kaiming", readout="eos",
-        dropout=0.5, attention_dropout=0.1, gate_dropout=0.0, steps=200_000, batch_size=512, eval_every=1000,
+        dropout=0.5, attention_dropout=0.1, gate_dropout=0.0, steps=200_000, batch_size=512,
+                                        eval_every=1000,
         lr=1.5e-4, weight_decay=0.0025, grad_clip=1.0, batching="bucketed"),
     ("arith", "ndr"): dict(
         d_model=256, d_ff=1024, n_head=4, n_steps=15, embedding_init="normal", readout="eos",
-        dropout=0.5, attention_dropout=0.1, gate_dropout=0.1, steps=100_000, batch_size=512, eval_every=1000,
+        dropout=0.5, attention_dropout=0.1, gate_dropout=0.1, steps=100_000, batch_size=512,
+                           eval_every=1000,
         lr=1.5e-4, weight_decay=0.01, grad_clip=1.0, batching="bucketed"),
     ("arith", "transformer-compositional"): dict(
         d_model=128, d_ff=256, n_head=4, n_steps=11, embedding_init="normal", readout="eos",
@@ -93,7 +107,8 @@ PAPER = {
         eval_every=1000, lr=4e-4, weight_decay=0.05, grad_clip=1.0, batching="bucketed"),
     ("listops", "transformer-rel-gate"): dict(
         d_model=512, d_ff=2048, n_head=16, n_steps=20, embedding_init="normal", readout="sos",
-        dropout=0.1, attention_dropout=0.1, gate_dropout=0.05, steps=100_000, batch_size=512, eval_every=1000,
+        dropout=0.1, attention_dropout=0.1, gate_dropout=0.05, steps=100_000, batch_size=512,
+                                              eval_every=1000,
         lr=2e-4, weight_decay=0.09, grad_clip=1.0, batching="bucketed"),
     ("listops", "transformer-absrel-gate"): dict(
         d_model=512, d_ff=2048, n_head=16, n_steps=20, embedding_init="normal", readout="sos",
@@ -105,7 +120,8 @@ PAPER = {
         eval_every=1000, lr=4e-4, weight_decay=0.05, grad_clip=1.0, batching="bucketed"),
     ("listops", "ndr"): dict(
         d_model=512, d_ff=1024, n_head=16, n_steps=20, n_steps_eval=24, embedding_init="normal",
-        readout="sos", dropout=0.1, attention_dropout=0.1, gate_dropout=0.05, steps=100_000, batch_size=512,
+        readout="sos", dropout=0.1, attention_dropout=0.1, gate_dropout=0.05, steps=100_000,
+                             batch_size=512,
         eval_every=1000, lr=2e-4, weight_decay=0.09, grad_clip=1.0, batching="bucketed"),
     ("listops", "transformer-compositional"): dict(
         d_model=256, d_ff=1024, n_head=16, n_steps=6, embedding_init="normal", readout="sos",
@@ -113,32 +129,36 @@ PAPER = {
         eval_every=1000, lr=4e-4, weight_decay=0.05, grad_clip=1.0, batching="bucketed"),
 }
 
-# --- "cpu": sized for a 2-core machine (~30 min per run); overrides of the paper's row, applied in order ---
-# Timings behind the step counts: RESULTS.md, "The step times behind the cpu presets".
+# --- "cpu": sized for a 2-core machine (~30 min per run); overrides of the paper's row, applied in
+# order --- Timings behind the step counts: RESULTS.md, "The step times behind the cpu presets".
 CPU = {
     # batch 128 at lr 3e-4, an evaluation every 500 steps
     "*": dict(batch_size=128, lr=3e-4, eval_every=500),
-    # 24× fewer samples seen (5,000 × 128, not 30,000 × 512): CTL's rare shallow samples (1% of train) are
-    # learned too late, so each batch draws one depth, uniformly
+    # 24× fewer samples seen (5,000 × 128, not 30,000 × 512): CTL's rare shallow samples (1% of
+    # train) are learned too late, so each batch draws one depth, uniformly
     "ctl": dict(steps=5000, batching="balanced"),
     "arith": dict(steps=2500),
     # ListOps: d = 128 (the copy-gated models set their own sizes below)
     "listops": dict(steps=2000, d_model=128, d_ff=512, n_head=4),
-    # The copy-gated models apply their layer 14–20 times, so they get fewer steps outside CTL (below) and
-    # d = 128; the "+ gate" baselines' d_ff = 4·d, as the official code hard-wires for their layer (§4.3).
-    "transformer-rel-gate": dict(d_model=128, d_ff=512, n_head=1, dropout=0.3, attention_dropout=0.1),
-    "transformer-absrel-gate": dict(d_model=128, d_ff=512, n_head=1, dropout=0.3, attention_dropout=0.1),
+    # The copy-gated models apply their layer 14–20 times, so they get fewer steps outside CTL
+    # (below) and d = 128; the "+ gate" baselines' d_ff = 4·d, as the official code hard-wires for
+    # their layer (§4.3).
+    "transformer-rel-gate": dict(d_model=128, d_ff=512, n_head=1, dropout=0.3,
+                                 attention_dropout=0.1),
+    "transformer-absrel-gate": dict(d_model=128, d_ff=512, n_head=1, dropout=0.3,
+                                    attention_dropout=0.1),
     "ndr": dict(d_model=128),
     ("arith", "transformer-rel-gate"): dict(steps=1200),
     ("arith", "transformer-absrel-gate"): dict(steps=1200),
     # ListOps: the copy-gated models halve the batch
     ("listops", "transformer-rel-gate"): dict(steps=1200, batch_size=64),
     ("listops", "transformer-absrel-gate"): dict(steps=1200, batch_size=64),
-    # NDR keeps its paper row's shape at d = 128: d_ff/d as in the row (2 on CTL and ListOps, 4 on arithmetic)
-    # and 32-dimensional heads (1 on CTL; 4 on arithmetic, as the paper; 4 on ListOps, where the paper's 16
-    # heads are 32-dimensional at its d = 512), with the row's dropouts: with 1 head and dropout 0.3 it stayed
-    # at the majority class on arithmetic and ListOps. Beyond the shape it departs from its row only here: on
-    # CTL dropout 0.3, with which it reaches 0.99; on arithmetic 4,000 steps, not the gated baselines' 1,200.
+    # NDR keeps its paper row's shape at d = 128: d_ff/d as in the row (2 on CTL and ListOps, 4 on
+    # arithmetic) and 32-dimensional heads (1 on CTL; 4 on arithmetic, as the paper; 4 on ListOps,
+    # where the paper's 16 heads are 32-dimensional at its d = 512), with the row's dropouts: with 1
+    # head and dropout 0.3 it stayed at the majority class on arithmetic and ListOps. Beyond the
+    # shape it departs from its row only here: on CTL dropout 0.3, with which it reaches 0.99; on
+    # arithmetic 4,000 steps, not the gated baselines' 1,200.
     ("ctl", "ndr"): dict(d_ff=256, dropout=0.3),
     ("arith", "ndr"): dict(d_ff=512, steps=4000),
     ("listops", "ndr"): dict(d_ff=256, n_head=4, steps=1200, batch_size=64),
@@ -147,8 +167,8 @@ CPU = {
 
 class NDR(Recipe):
     """Sequence classification with the NDR paper's encoders (ctl, ctl-backward, arith, listops):
-    cross-entropy on the class read at one column; accuracy on iid (reported at the end), valid (selection)
-    and test."""
+    cross-entropy on the class read at one column; accuracy on iid (reported at the end), valid
+    (selection) and test."""
     tasks = ("ctl", "ctl-backward", "arith", "listops")
     models = ARCHITECTURES
     PAPER, CPU = PAPER, CPU
@@ -162,8 +182,8 @@ class NDR(Recipe):
 
     @classmethod
     def derive(cls, row, task, model):
-        """CoDA's β = 1/√d_k (N = G/d_k, docs/coda.md §3): at β = 1 the mean gate started at 0.006 on CTL and
-        stayed there for 400 steps; at 1/√d_k it starts near 0.5."""
+        """CoDA's β = 1/√d_k (N = G/d_k, docs/coda.md §3): at β = 1 the mean gate started at 0.006
+        on CTL and stayed there for 400 steps; at 1/√d_k it starts near 0.5."""
         if hasattr(cls.model_config_class(model), "coda_beta") and "coda_beta" not in row:
             row["coda_beta"] = (row["n_head"] / row["d_model"]) ** 0.5
         return row
@@ -172,7 +192,8 @@ class NDR(Recipe):
         self.task = get_task(self.cfg.task, seed=0)
 
     def build_model(self):
-        return Classifier(self.cfg.model, len(self.task.vocab), len(self.task.classes), self.cfg.model_config,
+        return Classifier(self.cfg.model, len(self.task.vocab), len(self.task.classes),
+                          self.cfg.model_config,
                           seed=self.cfg.seed)
 
     def batches(self, rng):
@@ -196,8 +217,8 @@ class NDR(Recipe):
         return fraction(correct, len(split))
 
     def log_extra(self, model):
-        """The mean gate on a few IID samples, so a log shows gates that stay shut: the copy gate (g of §2),
-        or for CoDA the CoDA gate (docs/coda.md §3: it can start almost closed)."""
+        """The mean gate on a few IID samples, so a log shows gates that stay shut: the copy gate (g
+        of §2), or for CoDA the CoDA gate (docs/coda.md §3: it can start almost closed)."""
         gate = ARCHITECTURES[self.cfg.model].gate
         if gate is None:
             return {}
@@ -215,7 +236,8 @@ class NDR(Recipe):
         examples = [(example_name(text), parse_tokens(text, self.task.vocab, self.task.tokenize), None)
                     for text in texts]
         examples = examples or [(sample_name("test", i, split), split.inputs[i],
-                                 self.task.classes[split.labels[i]]) for i in plot_sample(len(split))]
+                                 self.task.classes[split.labels[i]])
+                                for i in plot_sample(len(split))]
         pictures = []
         for name, seq, target in examples:
             ids, lengths = collate([seq], len(self.task.vocab))

@@ -1,5 +1,5 @@
-"""seq2attn and its baseline (Hupkes et al. 2019) on lookup-table composition and SCAN. Section numbers (§)
-without "paper" are those of docs/seq2attn.md.
+"""seq2attn and its baseline (Hupkes et al. 2019) on lookup-table composition and SCAN. Section
+numbers (§) without "paper" are those of docs/seq2attn.md.
 """
 import contextlib
 import dataclasses
@@ -19,58 +19,66 @@ from .base import Recipe, Selection, example_name, fraction, parse_tokens, plot_
 @dataclasses.dataclass
 class SplitOptions:
     """The task's options."""
-    split: str = ""                # scan: the split (data.SCAN_SPLITS); lookup has one structure (sample1)
+    # scan: the split (data.SCAN_SPLITS); lookup has one structure (sample1)
+    split: str = ""
 
 
-# "paper": the sizes of paper Table 3 (§2.5, §3.6); the dropout acts between RNN layers, a no-op with one
-# layer (§1.6). Adam (AdamW without decay) lr 1e-3, gradient clipping at 5, teacher forcing 0.5 per sequence
-# (§1.6). Lookup: 100 epochs at batch 1, an evaluation every 100 updates; SCAN: 50 epochs at batch 64 (the
-# project's default: the paper's SCAN batch size is unknown) in length buckets, 10 evaluations (``TASKS``,
-# ``derive``).
+# "paper": the sizes of paper Table 3 (§2.5, §3.6); the dropout acts between RNN layers, a no-op
+# with one layer (§1.6). Adam (AdamW without decay) lr 1e-3, gradient clipping at 5, teacher forcing
+# 0.5 per sequence (§1.6). Lookup: 100 epochs at batch 1, an evaluation every 100 updates; SCAN: 50
+# epochs at batch 64 (the project's default: the paper's SCAN batch size is unknown) in length
+# buckets, 10 evaluations (``TASKS``, ``derive``).
 SEQ2SEQ = seq2attn.MODELS["seq2seq"]      # the baseline: none of seq2attn's four components
 PAPER = {
     ("lookup", "seq2attn"): dict(d_embedding=256, d_hidden=256, n_layers=1, cell="gru", dropout=0.5,
-                                 batch_size=1, eval_every=100, lr=1e-3, weight_decay=0.0, grad_clip=5.0,
+                                 batch_size=1, eval_every=100, lr=1e-3, weight_decay=0.0,
+                                 grad_clip=5.0,
                                  batching="shuffled"),
-    ("lookup", "seq2seq"): dict(SEQ2SEQ, d_embedding=128, d_hidden=512, n_layers=1, cell="gru", dropout=0.5,
-                                batch_size=1, eval_every=100, lr=1e-3, weight_decay=0.0, grad_clip=5.0,
+    ("lookup", "seq2seq"): dict(SEQ2SEQ, d_embedding=128, d_hidden=512, n_layers=1, cell="gru",
+                                dropout=0.5,
+                                batch_size=1, eval_every=100, lr=1e-3, weight_decay=0.0,
+                                grad_clip=5.0,
                                 batching="shuffled"),
     ("scan", "seq2attn"): dict(d_embedding=512, d_hidden=512, n_layers=1, cell="gru", dropout=0.5,
-                               batch_size=64, lr=1e-3, weight_decay=0.0, grad_clip=5.0, batching="bucketed"),
-    ("scan", "seq2seq"): dict(SEQ2SEQ, d_embedding=200, d_hidden=200, n_layers=2, cell="lstm", dropout=0.5,
-                              batch_size=64, lr=1e-3, weight_decay=0.0, grad_clip=5.0, batching="bucketed"),
+                               batch_size=64, lr=1e-3, weight_decay=0.0, grad_clip=5.0,
+                               batching="bucketed"),
+    ("scan", "seq2seq"): dict(SEQ2SEQ, d_embedding=200, d_hidden=200, n_layers=2, cell="lstm",
+                              dropout=0.5,
+                              batch_size=64, lr=1e-3, weight_decay=0.0, grad_clip=5.0,
+                              batching="bucketed"),
 }
-# "cpu" keeps all of that but shrinks both models to E = H = 64 (lookup; the paper's ablation uses one size
-# for all) or 128 (SCAN).
+# "cpu" keeps all of that but shrinks both models to E = H = 64 (lookup; the paper's ablation uses
+# one size for all) or 128 (SCAN).
 CPU = {
     "lookup": dict(d_embedding=64, d_hidden=64),
-    # SCAN's cpu batch is 8, nearer the batch 1 that the paper's grid search fixed (§3.6): 8x the updates of
-    # batch 64. Batch 2 would take ~1 h for 50 epochs on the 2-core machine; at batch 4 (~30 min) the training
-    # loss of seq2attn diverged for good after 15 epochs (0.75 -> 3.09 and rising, seed 0); at batch 8 (~18
-    # min) it fell to 0.17-0.42 by epoch 20-30 (3 seeds) but climbed back to 0.63-1.02 by epoch 50, still
-    # below batch 64's 1.72 after the same 50 epochs (seed 0). Chosen on the training loss: SCAN has no
-    # validation set. On test batch 8 ended at 0 on all 3 seeds (0.11-0.43 during training) and batch 64 at
-    # 0.113 (RESULTS has the curves).
+    # SCAN's cpu batch is 8, nearer the batch 1 that the paper's grid search fixed (§3.6): 8x the
+    # updates of batch 64. Batch 2 would take ~1 h for 50 epochs on the 2-core machine; at batch 4
+    # (~30 min) the training loss of seq2attn diverged for good after 15 epochs (0.75 -> 3.09 and
+    # rising, seed 0); at batch 8 (~18 min) it fell to 0.17-0.42 by epoch 20-30 (3 seeds) but
+    # climbed back to 0.63-1.02 by epoch 50, still below batch 64's 1.72 after the same 50 epochs
+    # (seed 0). Chosen on the training loss: SCAN has no validation set. On test batch 8 ended at 0
+    # on all 3 seeds (0.11-0.43 during training) and batch 64 at 0.113 (RESULTS has the curves).
     "scan": dict(d_embedding=128, d_hidden=128, batch_size=8),
-    # At batch 8 seq2attn takes Adam's lr 3e-4, not the paper's 1e-3 (chosen on the training loss too): at
-    # 1e-3 its loss climbed back and at the end it fitted only 84-93% of its training commands; at 3e-4 the
-    # loss fell to 0.20-0.40 without climbing back and it fitted 93-100% (3 seeds). The baseline keeps 1e-3:
-    # its loss fell to 0.03-0.05 there and it fitted all of them.
+    # At batch 8 seq2attn takes Adam's lr 3e-4, not the paper's 1e-3 (chosen on the training loss
+    # too): at 1e-3 its loss climbed back and at the end it fitted only 84-93% of its training
+    # commands; at 3e-4 the loss fell to 0.20-0.40 without climbing back and it fitted 93-100% (3
+    # seeds). The baseline keeps 1e-3: its loss fell to 0.03-0.05 there and it fitted all of them.
     ("scan", "seq2attn"): dict(lr=3e-4),
 }
 
 
 @functools.lru_cache
 def scan_train_size(split):
-    """Training pairs of a SCAN split: the steps count epochs of them. Cached, as every configuration of the
-    split needs it and generating the split takes a moment."""
+    """Training pairs of a SCAN split: the steps count epochs of them. Cached, as every
+    configuration of the split needs it and generating the split takes a moment."""
     return len(scan_split(split)["train"])
 
 
-# The two tasks as rows: epochs of training, the training pairs an epoch has (lookup: its one structure,
-# sample1; SCAN: those of its --split, which it needs), whether the train split is evaluated (SCAN's 15–22k
-# commands are not) and the selection rule: lookup reports the evaluation with the lowest validation loss
-# (§1.6), SCAN, which has no validation set, the end of training (§3.6).
+# The two tasks as rows: epochs of training, the training pairs an epoch has (lookup: its one
+# structure, sample1; SCAN: those of its --split, which it needs), whether the train split is
+# evaluated (SCAN's 15–22k commands are not) and the selection rule: lookup reports the evaluation
+# with the lowest validation loss (§1.6), SCAN, which has no validation set, the end of training
+# (§3.6).
 TASKS = {
     "lookup": dict(epochs=100, train_size=lambda split: 232, needs_split=False, evaluate_train=True,
                    selection=Selection(metric="validation_loss", higher=False)),
@@ -82,17 +90,19 @@ ANALYSIS_SAMPLE = 2000   # training examples --analyze decodes
 
 
 def _correct(model, src, src_lengths, tgt, tgt_lengths):
-    """(B,) bool: greedy decoding with argmax attention gets every target token, <eos> included, right."""
+    """(B,) bool: greedy decoding with argmax attention gets every target token, <eos> included,
+    right."""
     padding = backend.array_module(tgt).arange(tgt.shape[1]) >= tgt_lengths[:, None]
     return ((model.greedy(src, src_lengths, tgt.shape[1]) == tgt) | padding).all(axis=1)
 
 
 class Seq2Attn(Recipe):
-    """seq2attn and its baseline on lookup tables and SCAN. The metric is sequence accuracy under greedy
-    decoding with argmax attention: every target token, <eos> included, must be right (§1.6).
+    """seq2attn and its baseline on lookup tables and SCAN. The metric is sequence accuracy under
+    greedy decoding with argmax attention: every target token, <eos> included, must be right (§1.6).
     Lookup reports the evaluation with the lowest validation loss (§1.6), a loss computed, as the
-    reference's evaluator does, while the model feeds back its own predictions. SCAN has no validation
-    set and reports the end of training (§3.6); its train split (15–22k commands) is not evaluated."""
+    reference's evaluator does, while the model feeds back its own predictions. SCAN has no
+    validation set and reports the end of training (§3.6); its train split (15–22k commands) is not
+    evaluated."""
     tasks = ("lookup", "scan")
     models = seq2attn.MODELS
     PAPER, CPU = PAPER, CPU
@@ -100,7 +110,8 @@ class Seq2Attn(Recipe):
 
     @classmethod
     def derive(cls, row, task, model):
-        """Steps: whole epochs of the train split (``TASKS``); lookup evaluates every 100, SCAN 10 times."""
+        """Steps: whole epochs of the train split (``TASKS``); lookup evaluates every 100, SCAN 10
+        times."""
         split, t = row.get("split", ""), TASKS[task]
         if split and not t["needs_split"]:
             raise ValueError(f"{task} has one split structure (sample1): drop --split")
@@ -119,7 +130,8 @@ class Seq2Attn(Recipe):
         self.task = get_task(self.cfg.task, **({"split": split} if split else {}))
 
     def build_model(self):
-        return seq2attn.Seq2Attn(self.cfg.model_config, len(self.task.in_vocab), len(self.task.out_vocab),
+        return seq2attn.Seq2Attn(self.cfg.model_config, len(self.task.in_vocab),
+                                 len(self.task.out_vocab),
                                  self.task.sos, seed=self.cfg.seed)
 
     def batches(self, rng):
@@ -147,12 +159,13 @@ class Seq2Attn(Recipe):
         return result
 
     def analyze(self, model):
-        """Greedy sequence accuracy on a fixed sample of at most 2,000 training examples (SCAN's evaluation
-        skips its 15-22k) and on the whole test split (lookup: heldout_compositions): whether a run that fails
-        on test fits its training data. With Gumbel attention also the temperature τ_t (paper Eq. 7) the model
-        would sample with at each decoding step of those examples up to their <eos>: at evaluation the
-        attention is an argmax and τ is unused, so this shows where training left τ; for the "conditioned"
-        estimator also the share of steps near its bound τ_max, where the sample is flattest."""
+        """Greedy sequence accuracy on a fixed sample of at most 2,000 training examples (SCAN's
+        evaluation skips its 15-22k) and on the whole test split (lookup: heldout_compositions):
+        whether a run that fails on test fits its training data. With Gumbel attention also the
+        temperature τ_t (paper Eq. 7) the model would sample with at each decoding step of those
+        examples up to their <eos>: at evaluation the attention is an argmax and τ is unused, so
+        this shows where training left τ; for the "conditioned" estimator also the share of steps
+        near its bound τ_max, where the sample is flattest."""
         train = self.task.splits["train"]
         rng = np.random.default_rng(0)
         sample = np.sort(rng.choice(len(train), min(ANALYSIS_SAMPLE, len(train)), replace=False))
@@ -162,7 +175,8 @@ class Seq2Attn(Recipe):
             split = self.task.splits[name]
             n = len(split) if rows is None else len(rows)
             correct, tau = self._decode(model, split, rows)
-            lines.append(f"{name}: greedy sequence accuracy {correct / n:.3f} on {n:,} of {len(split):,} "
+            lines.append(f"{name}: greedy sequence accuracy {correct / n:.3f} on {n:,} of "
+                         f"{len(split):,} "
                          "examples")
             if tau is None:
                 continue
@@ -175,16 +189,19 @@ class Seq2Attn(Recipe):
         return "\n".join(lines)
 
     def _decode(self, model, split, rows):
-        """The number of rows of ``split`` (all if None) that greedy decoding gets right, and with Gumbel
-        attention the τ_t of each of their decoding steps up to <eos> (a host array; else None)."""
+        """The number of rows of ``split`` (all if None) that greedy decoding gets right, and with
+        Gumbel attention the τ_t of each of their decoding steps up to <eos> (a host array; else
+        None)."""
         attention, correct, taus, calls = model.attention, 0, [], []
         gumbel = attention.activation != "softmax"
-        record = viz.after_each_call(attention, lambda query, *_: calls.append(attention.tau(query)))
+        record = viz.after_each_call(attention, lambda query,
+                                     *_: calls.append(attention.tau(query)))
         with no_grad(), eval_mode(), (record if gumbel else contextlib.nullcontext()):
             for batch in split.eval_batches(self.cfg.eval_batch_size, rows):
                 src, src_lengths, tgt, tgt_lengths = self.to_device(batch)
                 correct = correct + _correct(model, src, src_lengths, tgt, tgt_lengths).sum()
-                if gumbel:   # one τ per call: a float ("fixed"), (1,) ("latent") or (B, 1) ("conditioned")
+                # one τ per call: a float ("fixed"), (1,) ("latent") or (B, 1) ("conditioned")
+                if gumbel:
                     xp, B = backend.array_module(tgt), len(tgt)
                     tau = xp.stack([xp.broadcast_to(t.data.reshape(-1), (B,)) if isinstance(t, Tensor) else
                                     xp.full((B,), t, dtype=backend.DEFAULT_DTYPE) for t in calls], axis=1)
@@ -194,8 +211,9 @@ class Seq2Attn(Recipe):
         return int(backend.to_numpy(correct)), (backend.to_numpy(xp.concatenate(taus)) if gumbel else None)
 
     def plot_examples(self, model, texts):
-        """The attention trace (one-hot for seq2attn at inference) and the temperature of every step, on
-        test examples (lookup: heldout_compositions) or --example inputs ("100 t3 t1 .", "jump twice")."""
+        """The attention trace (one-hot for seq2attn at inference) and the temperature of every
+        step, on test examples (lookup: heldout_compositions) or --example inputs ("100 t3 t1 .",
+        "jump twice")."""
         task = self.task
         split_name = "test" if "test" in task.splits else "heldout_compositions"
         split = task.splits[split_name]
