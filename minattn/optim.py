@@ -45,7 +45,7 @@ class Optimizer:
                 self.update(p, p.grad, s)
 
     def update(self, p, g, s):
-        """Update parameter ``p`` (anything with ``.data``) from its gradient ``g`` and its state dict ``s``."""
+        """Update parameter ``p`` (anything with ``.data``) from its gradient ``g`` and its state ``s``."""
         raise NotImplementedError
 
     def state_dict(self):
@@ -54,7 +54,8 @@ class Optimizer:
 
     def load_state_dict(self, sd):
         if len(sd["state"]) != len(self.params):
-            raise ValueError(f"optimizer state has {len(sd['state'])} parameters, the model {len(self.params)}")
+            raise ValueError(f"optimizer state has {len(sd['state'])} parameters, "
+                             f"the model {len(self.params)}")
         for i, (p, s) in enumerate(zip(self.params, sd["state"])):
             for k, v in s.items():
                 if v.shape != p.shape:

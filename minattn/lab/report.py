@@ -17,15 +17,18 @@ from .legacy import older_metrics
 from .rundir import CHECKPOINT, Corrupted, _int, _number, _read_npz, open_regular, read_log, settings
 
 
-REPORT_FIELDS = ("task", "model", "preset", "seed", "steps", "metrics", "best_step", "wall_s", "ms_per_step", "config")
+REPORT_FIELDS = ("task", "model", "preset", "seed", "steps", "metrics", "best_step", "wall_s", "ms_per_step",
+                 "config")
 _REPORT_TYPES = {"task": str, "model": str, "preset": str, "seed": int, "steps": int, "metrics": dict,
-                 "best_step": (int, type(None)), "wall_s": (int, float), "ms_per_step": (int, float, type(None)),
+                 "best_step": (int, type(None)), "wall_s": (int, float),
+                 "ms_per_step": (int, float, type(None)),
                  "config": dict}
 
 
 def finished_run(d):
     """(results, learning curve, status) of the run in d: status is None for a finished run, else what marks
-    its row ("diverged at step k", "unfinished: step k of n"); a UsageError says why d holds no run to show."""
+    its row ("diverged at step k", "unfinished: step k of n"); a UsageError says why d holds no run to
+    show."""
     try:
         with open_regular(os.path.join(d, "results.json")) as f:
             r = json.load(f)
@@ -38,7 +41,8 @@ def finished_run(d):
         raise UsageError(f"{d}: results.json lacks {', '.join(sorted(missing))}")
     wrong = [k for k, kind in _REPORT_TYPES.items() if not isinstance(r[k], kind) or isinstance(r[k], bool)]
     wrong += [f"metrics.{k}" for k, v in r["metrics"].items() if v is not None and not _number(v)]
-    wrong += [f"config.{k}" for k in ("model_config", "options") if not isinstance(r["config"].get(k) or {}, dict)]
+    wrong += [f"config.{k}" for k in ("model_config", "options")
+              if not isinstance(r["config"].get(k) or {}, dict)]
     if wrong:
         raise UsageError(f"{d}: results.json is malformed ({', '.join(wrong)} of the wrong type)")
     try:
@@ -62,7 +66,8 @@ def _checkpoint_metadata(path):
 
 
 def _unfinished_run(d):
-    """A run that has checkpointed but not finished: its row, from the checkpoint's metadata and last evaluation."""
+    """A run that has checkpointed but not finished: its row, from the checkpoint's metadata and last
+    evaluation."""
     if not os.path.isfile(os.path.join(d, CHECKPOINT)):
         raise UsageError(f"{d} has no results.json (not a run directory, or the run is not finished)")
     meta = _checkpoint_metadata(os.path.join(d, CHECKPOINT))
@@ -73,14 +78,15 @@ def _unfinished_run(d):
                                                            ("seed", int), ("steps", int)))):
         raise UsageError(f"{d} has no results.json, and its checkpoint does not say how far the run got")
     last = history[-1]
-    # the metrics of the last evaluation, as the recipe named them ("last"; older checkpoints: the log's numbers)
+    # the metrics of the last evaluation, as the recipe named them ("last"; older checkpoints: the log's)
     metrics = meta["last"] if isinstance(meta.get("last"), dict) else older_metrics({"metrics": {}}, history)
     best = meta.get("best") if isinstance(meta.get("best"), dict) else {}   # the selected evaluation so far
     r = {"task": cfg["task"], "model": cfg["model"], "preset": cfg["preset"], "seed": cfg["seed"],
          "steps": last.get("step"), "config": cfg, "wall_s": last.get("wall_s") or 0,
          "best_step": best.get("step") if _int(best.get("step")) else None,
          "ms_per_step": None, "metrics": {k: v for k, v in metrics.items() if _number(v)}}
-    return r, [h for h in history if isinstance(h, dict)], f"unfinished: step {last.get('step')} of {cfg['steps']}"
+    status = f"unfinished: step {last.get('step')} of {cfg['steps']}"
+    return r, [h for h in history if isinstance(h, dict)], status
 
 
 def _two_se(values):
@@ -95,11 +101,11 @@ def _cell(v):
 
 
 def report(paths, plot_dir=None):
-    """Markdown table of runs (their results.json) and each run's learning curve. Diverged and unfinished runs
-    get a row marked so, and are left out of the means over seeds and sizes. Directories that hold no run are
-    skipped with a warning, and so is one whose files are malformed; a run is counted once, however often it is
-    listed or copied: runs with one configuration (seed included; device aside) are one run, as training is
-    deterministic. ``plot_dir``: also draw the listed runs' learning curves side by side into
+    """Markdown table of runs (their results.json) and each run's learning curve. Diverged and unfinished
+    runs get a row marked so, and are left out of the means over seeds and sizes. Directories that hold no
+    run are skipped with a warning, and so is one whose files are malformed; a run is counted once, however
+    often it is listed or copied: runs with one configuration (seed included; device aside) are one run, as
+    training is deterministic. ``plot_dir``: also draw the listed runs' learning curves side by side into
     plot_dir/learning-curves.png; returns the paths written."""
     rows, curves, groups, seen, drawn = [], [], {}, {}, []
     for d in paths:
@@ -110,7 +116,8 @@ def report(paths, plot_dir=None):
             print(f"warning: skipped: {e}", file=sys.stderr)
             continue
         except Exception as e:   # anything else one directory holds must not cost the others their report
-            print(f"warning: skipped {d}: its results cannot be read ({e.__class__.__name__}: {e})", file=sys.stderr)
+            print(f"warning: skipped {d}: its results cannot be read ({e.__class__.__name__}: {e})",
+                  file=sys.stderr)
             continue
         config = settings(r["config"])
         run_key = json.dumps({k: v for k, v in config.items() if k != "device"}, sort_keys=True)
@@ -129,13 +136,14 @@ def report(paths, plot_dir=None):
             curves.append(curve)
     if not rows:
         raise UsageError("none of the directories holds a finished run")
-    print("| task | model | preset | seed | steps | metrics | best step | train time | ms/step | run directory |")
+    print("| task | model | preset | seed | steps | metrics | best step | train time | ms/step "
+          "| run directory |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
     seeded = [(task, r, runs, out) for task, r, runs, out in groups.values() if len(runs) > 1]
     if seeded:   # the papers report mean ± std over seeds; std here is the sample std (n − 1)
-        print("\nOver seeds (mean ± sample std, and twice the standard error of the mean; diverged and unfinished "
-              "runs left out; steps: the budget, which early stopping may cut):\n\n"
+        print("\nOver seeds (mean ± sample std, and twice the standard error of the mean; diverged and "
+              "unfinished runs left out; steps: the budget, which early stopping may cut):\n\n"
               "| task | model | preset | steps | seeds | metrics |\n|---|---|---|---|---|---|")
         for task, r, runs, out in seeded:
             values = {k: [x["metrics"].get(k) for x, _ in runs] for k in r["metrics"]}
@@ -205,7 +213,8 @@ def _report_row(d, r, log, status):
     """The run's row of the table and its learning curve (None without a log)."""
     m = ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in r["metrics"].items())
     config = settings(r["config"])   # the data options that tell runs of one task apart
-    data = ", ".join(f"{k} {config[k]}" for k in ("split", "train_size", "searches", "retrievals") if config.get(k))
+    data = ", ".join(f"{k} {config[k]}" for k in ("split", "train_size", "searches", "retrievals")
+                     if config.get(k))
     task = f"{r['task']} ({data}{', ood' if config.get('ood') else ''})" if data else r["task"]
     steps = f"{r['steps']} ({status})" if status else r["steps"]
     row = (f"| {task} | {r['model']} | {r['preset']} | {r['seed']} | {steps} | {m} | "
@@ -216,7 +225,8 @@ def _report_row(d, r, log, status):
     keys = [k for k in log[-1] if k not in ("step", "wall_s")]
     return row, (f"\n{r['task']} / {r['model']} (seed {r['seed']}, {d}):\n\n| step | " + " | ".join(keys) +
                  " |\n|" + "---|" * (len(keys) + 1) + "\n" +
-                 "\n".join(f"| {e['step']} | " + " | ".join(_cell(e.get(k)) for k in keys) + " |" for e in log))
+                 "\n".join(f"| {e['step']} | " + " | ".join(_cell(e.get(k)) for k in keys) + " |"
+                           for e in log))
 
 
 def _mean_cell(values):
@@ -247,19 +257,20 @@ def _size_curves(runs):
         for size, cell in curve.items():
             if len({steps for steps, _ in cell}) > 1:
                 counts = sorted({steps for steps, _ in cell}, key=str)
-                warnings.append(f"warning: the learning curve of {json.loads(key)['model']} averages runs of {size} "
-                                f"examples with different step budgets ({counts})")
+                warnings.append(f"warning: the learning curve of {json.loads(key)['model']} averages runs of "
+                                f"{size} examples with different step budgets ({counts})")
             curve[size] = [test for _, test in cell]
     rows = [(json.loads(k), curve) for k, curve in rows.items()]
     if all(len(curve) < 2 for _, curve in rows):   # no run spans sizes: the tables above say it all
         return "", []
     sizes = sorted({n for _, curve in rows for n in curve})
-    out = ["\nTest over the training-set size (mean over seeds ± twice its standard error, the number of seeds "
-           "in brackets):\n",
+    out = ["\nTest over the training-set size (mean over seeds ± twice its standard error, the number of "
+           "seeds in brackets):\n",
            "| task | model | preset | settings | " + " | ".join(map(str, sizes)) + " |",
            "|---|---|---|---|" + "---|" * len(sizes)]
     for cfg, curve in sorted(rows, key=lambda row: (row[0]["task"], row[0]["model"], json.dumps(row[0]))):
-        twins = [c for c, _ in rows if (c["task"], c["model"], c["preset"]) == (cfg["task"], cfg["model"], cfg["preset"])]
+        same = (cfg["task"], cfg["model"], cfg["preset"])
+        twins = [c for c, _ in rows if (c["task"], c["model"], c["preset"]) == same]
         differ = ", ".join(f"{k} {cfg.get(k)}" for k in sorted({k for c in twins for k in c})
                            if any(c.get(k) != cfg.get(k) for c in twins))
         out.append(f"| {cfg['task']} | {cfg['model']} | {cfg['preset']} | {differ} | " + " | ".join(

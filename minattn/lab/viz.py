@@ -17,10 +17,10 @@ picks one by whether matplotlib is installed.
     viz.write_pictures(pictures, "runs/ctl-ndr-cpu-s0/plots")   # PNGs, or text without matplotlib
 
 ``train.py --plot`` does this for a checkpoint, through each recipe's ``plot_examples``
-(minattn/lab/recipes/), and adds the run's learning curves (report.run_curves). matplotlib is imported only inside the PNG renderer,
-so it stays an optional extra (``pip install -e .[plot]``).
-Collectors move data to the host explicitly, with one ``backend.to_numpy`` per picture (plus one for a
-prediction shown in a title), so they run unchanged on a GPU.
+(minattn/lab/recipes/), and adds the run's learning curves (report.run_curves). matplotlib is imported
+only inside the PNG renderer, so it stays an optional extra (``pip install -e .[plot]``). Collectors
+move data to the host explicitly, with one ``backend.to_numpy`` per picture (plus one for a prediction
+shown in a title), so they run unchanged on a GPU.
 """
 import contextlib
 import io
@@ -151,7 +151,8 @@ def _layer_grid(maps, rows, cols, unit, vmin=0.0, vmax=1.0):
 def _coda_ranges(attn):
     """Names and colour ranges of CoDA's factors: M = F_X(E) ⊙ gate(N) (attention/coda.py)."""
     fx, fn = attn.composition.split("-")
-    gate = {"scaled": f"2·{fn}(N)" if fn == "sigmoid" else f"{fn}(N)", "centered": f"{fn}(N − mean N)"}[attn.gate]
+    gate = {"scaled": f"2·{fn}(N)" if fn == "sigmoid" else f"{fn}(N)",
+            "centered": f"{fn}(N − mean N)"}[attn.gate]
     return [(f"{fx}(E)", (-1, 1) if fx == "tanh" else (0, 1)),
             (gate, (0, 1) if fn == "sigmoid" else (-1, 1)), ("M", (-1, 1))]
 
@@ -207,8 +208,8 @@ def encoder_pictures(model, ids, lengths, tokens, title, name="example", classes
 
 
 def retrieval_pictures(model, x, prefs, title, name="retrieval"):
-    """The Contextual Retrieval Task (models/compositional.py) on a batch x (B, N, in_dim) with the task's retrieval
-    choices prefs (B, N, S_gt) (host): the search maps of the first sample (which object each search
+    """The Contextual Retrieval Task (models/compositional.py) on a batch x (B, N, in_dim) with the task's
+    retrieval choices prefs (B, N, S_gt) (host): the search maps of the first sample (which object each search
     finds), and for the compositional models the value scores over all samples: the mean retrieval choice
     of each search (Compositional Attention Fig. 4) and per ground-truth retrieval (Fig. 5: a model that
     learned the task gives each (search, retrieval) of the task its own (search, retrieval))."""
@@ -228,11 +229,12 @@ def retrieval_pictures(model, x, prefs, title, name="retrieval"):
     scores = backend.to_numpy(c.data)                                                           # (B, N, S, R)
     R = scores.shape[-1]
     per_search = scores.reshape(-1, S, R).mean(axis=0)
-    M = compositional_models.specialisation(scores, prefs, model.cfg.retrievals)                      # (S_gt, R_gt, S, R)
+    M = compositional_models.specialisation(scores, prefs, model.cfg.retrievals)        # (S_gt, R_gt, S, R)
     S_gt, R_gt = M.shape[:2]
     pictures.append(Picture(f"{name}-value-scores-per-search", f"{title}\nmean value scores on {B} samples", [
         Panel(per_search, "mean retrieval choice per search", rows=[f"search {s}" for s in range(S)],
-              cols=[f"retrieval {r}" for r in range(R)], vmin=0, vmax=1, xlabel="retrieval", ylabel="search")]))
+              cols=[f"retrieval {r}" for r in range(R)], vmin=0, vmax=1, xlabel="retrieval",
+              ylabel="search")]))
     pictures.append(Picture(f"{name}-value-scores-per-ground-truth",
                             f"{title}\nmean value scores per ground-truth retrieval ({B} samples)", [
         Panel(M.reshape(S_gt * R_gt, S * R), "mean value score",
@@ -268,8 +270,8 @@ def seq2attn_pictures(model, src, src_lengths, max_len, in_tokens, out_vocab, ti
     panels = [Panel(data[:, :len(in_tokens)], "attention (output step × input)", rows=rows, cols=in_tokens,
                     vmin=0, vmax=1, xlabel="input token", ylabel="output step")]
     if gumbel:
-        panels.append(Panel(data[:, -1], f"temperature τ per step ({model.attention.temperature})", kind="bars",
-                            rows=rows, xlabel="τ"))
+        panels.append(Panel(data[:, -1], f"temperature τ per step ({model.attention.temperature})",
+                            kind="bars", rows=rows, xlabel="τ"))
     return [Picture(f"{name}-attention", f"{title}\n→ {' '.join(out[:steps])}", panels, ncols=len(panels))]
 
 
@@ -345,7 +347,8 @@ def relational_pictures(model, x, tokens, title, name="example", classes=None):
         title += f" → predicted {classes[int(backend.to_numpy(pick))]}"
     act = rcas[0].activation
     panels = _layer_grid(_stacked(rcas), tokens, tokens, "relation", *_RELATION_RANGE[act])   # (L, d_r) maps
-    return [Picture(f"{name}-relations", f"{title}\nrelation matrices {act}(R)", panels, ncols=rcas[0].n_relations)]
+    return [Picture(f"{name}-relations", f"{title}\nrelation matrices {act}(R)", panels,
+                    ncols=rcas[0].n_relations)]
 
 
 # ==========================================================================================================
@@ -423,7 +426,8 @@ def _panel_inches(panel):
 
 
 def _title_lines(picture, width_inches):
-    return [line for part in picture.title.split("\n") for line in textwrap.wrap(part, int(width_inches * 11)) or [""]]
+    return [line for part in picture.title.split("\n")
+            for line in textwrap.wrap(part, int(width_inches * 11)) or [""]]
 
 
 def figure_inches(picture):
@@ -533,7 +537,8 @@ def text_heatmap(values, rows, cols, vmin=None, vmax=None, clabel=""):
     pad = " " * (max(map(len, rows), default=0) + 1)
     height = max(map(len, cols), default=0)
     lines = [pad + "".join(f"{c[i] if i < len(c) else ' '} " for c in cols).rstrip() for i in range(height)]
-    lines += [f"{r:>{len(pad) - 1}} " + "".join(2 * _shade(v, lo, hi) for v in row) for r, row in zip(rows, values)]
+    lines += [f"{r:>{len(pad) - 1}} " + "".join(2 * _shade(v, lo, hi) for v in row)
+              for r, row in zip(rows, values)]
     lines.append(f"{pad}{SHADES[0]} {lo:.3g} … {SHADES[-1]} {hi:.3g}" + (f" ({clabel})" if clabel else ""))
     return "\n".join(lines)
 
