@@ -65,16 +65,16 @@ def _gpu_failure(what, e):
     lib = re.search(r"lib(nvrtc|cublas|curand|cudart)\w*", text)
     if lib:
         return (f"device 'gpu': {what} failed because CuPy cannot find {lib.group(0)}, a CUDA "
-                "library that "
-                f"{wheel} installs only with its CUDA toolkit extra: pip install \"{wheel}[ctk]\"")
+                f"library that {wheel} installs only with its CUDA toolkit extra: pip install "
+                f"\"{wheel}[ctk]\"")
     if re.search(r"InsufficientDriver|driver version is "
                  r"insufficient|UNSUPPORTED_PTX|NoDriver", text):
         switch = (", or for a CUDA 12 driver use CuPy's CUDA 12 wheel: make venv DEVICE=gpu "
                   "CUPY=cupy-cuda12x"
                   if wheel == "cupy-cuda13x" else "")
         return (f"device 'gpu': the NVIDIA driver is missing or older than {wheel}'s CUDA ({what}: "
-                f"{text[:120]}); "
-                f"update the driver (nvidia-smi shows the newest CUDA it supports){switch}")
+                f"{text[:120]}); update the driver (nvidia-smi shows the newest CUDA it "
+                f"supports){switch}")
     if re.search(r"NoDevice|no CUDA-capable device", text):
         return ("device 'gpu': CuPy sees no CUDA GPU; check that nvidia-smi lists one and that "
                 "CUDA_VISIBLE_DEVICES does not hide it")

@@ -99,10 +99,8 @@ def check_backward(fn, inputs, params=(), eps=1e-6, atol=1e-6, rtol=1e-4, seed=0
             if not finite or abs(numeric - analytic) > atol + rtol * abs(numeric):
                 where = f"entry {np.unravel_index(k, t.shape)}" if elementwise else f"direction {k}"
                 failures.append(f"{name} {tuple(t.shape)} {where}: numeric {numeric:.8g} vs "
-                                "analytic "
-                                f"{analytic:.8g} (|diff| {abs(numeric - analytic):.3g} > atol "
-                                f"{atol} + "
-                                f"rtol {rtol}·|numeric|)")
+                                f"analytic {analytic:.8g} (|diff| {abs(numeric - analytic):.3g} > "
+                                f"atol {atol} + rtol {rtol}·|numeric|)")
                 break
     for a in int_tensors:
         if a.grad is not None:

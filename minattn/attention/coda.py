@@ -165,8 +165,7 @@ def quasi_attention(E, N, mask=None, stats=None, gate="scaled", center_e=False,
 def _check_options(gate, composition, alpha, beta):
     if alpha < 0 or beta < 0:
         raise ValueError(f"CoDA temperatures must be ≥ 0 (a negative β would open the gate for FAR "
-                         "pairs), "
-                         f"got alpha={alpha}, beta={beta}")
+                         f"pairs), got alpha={alpha}, beta={beta}")
     if gate not in GATES:
         raise ValueError(f"unknown CoDA gate {gate!r}; use one of {', '.join(GATES)}")
     if composition not in COMPOSITIONS:

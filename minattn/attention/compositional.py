@@ -49,8 +49,8 @@ class CompositionalAttention(Module):
                              "(Appendix B.7)")
         if n_search < 1 or n_retrieval < 1 or search_dim % n_search or value_dim % n_retrieval:
             raise ValueError(f"search_dim {search_dim} must be a multiple of n_search {n_search} "
-                             "and value_dim "
-                             f"{value_dim} a multiple of n_retrieval {n_retrieval} (both ≥ 1)")
+                             f"and value_dim {value_dim} a multiple of n_retrieval {n_retrieval} "
+                             "(both ≥ 1)")
         if separate and score == "mlp":
             raise ValueError("separate=True needs score='dot': the MLP score has no retrieval key "
                              "W̄_k")

@@ -118,8 +118,7 @@ class ClassificationTask(Task):
     def __repr__(self):
         sizes = ", ".join(f"{k}={len(v)}" for k, v in self.splits.items())
         return (f"<{type(self).__name__} {self.name!r}: V={len(self.vocab)}, {len(self.classes)} "
-                "classes, "
-                f"{sizes}>")
+                f"classes, {sizes}>")
 
 
 def make_split(seqs, labels, depths) -> ClassificationSplit:

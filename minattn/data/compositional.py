@@ -66,8 +66,7 @@ class RetrievalTask(Task):
                              f"{searches}")
         if retrievals < 1 or n_objects < 2:
             raise ValueError(f"need retrievals ≥ 1 and n_objects ≥ 2 (a neighbour other than "
-                             "oneself), "
-                             f"got {retrievals} and {n_objects}")
+                             f"oneself), got {retrievals} and {n_objects}")
         self.searches, self.retrievals, self.n_objects = searches, retrievals, n_objects
         self.in_dim = searches + retrievals + searches * retrievals
         self.alphas = np.array(RETRIEVAL_ALPHAS[:searches])
@@ -81,8 +80,7 @@ class RetrievalTask(Task):
             self._combos = dict(zip(("train", "test"), combos))
         if not len(self._combos[pool]):
             raise ValueError(f"searches={self.searches}, retrievals={self.retrievals} leave no "
-                             "held-out "
-                             "combination for the OOD test pool")
+                             "held-out combination for the OOD test pool")
         return self._combos[pool]
 
     def batch(self, batch_size: int, rng: np.random.Generator, pool: str = "all"):

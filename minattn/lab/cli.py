@@ -63,10 +63,9 @@ def parse_args(argv=None):
                     "with --split, --train-size, --searches, --retrievals and --ood when given)")
     ap.add_argument("--resume", nargs="?", const=True, default=False, metavar="DIR",
                     help="continue the checkpoint in --out (or DIR) exactly; without "
-                         "--task/--model the "
-                         "run's task, model and settings come from the checkpoint (add --steps N "
-                         "to extend "
-                         "it)")
+                         "--task/--model the run's task, model and settings come from the "
+                         "checkpoint (add --steps N "
+                         "to extend it)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override any setting, e.g. --set d_model=64 --set n_steps=10 --set "
                          "batching=random")
@@ -75,8 +74,7 @@ def parse_args(argv=None):
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--report", nargs="+", metavar="DIR",
                     help="print a markdown table of finished runs (and mean ± std over the seeds "
-                         "of one "
-                         "experiment) and exit")
+                         "of one experiment) and exit")
     ap.add_argument("--convert", metavar="DIR",
                     help="rewrite DIR/checkpoint.pkl of an older minattn as "
                     "checkpoint.npz and exit (unpickling runs code from the file: only for files "
@@ -87,24 +85,19 @@ def parse_args(argv=None):
     ap.add_argument("--evaluate", action="store_true",
                     help="evaluate the checkpoint in --out on every split "
                     "and exit; --set n_steps_eval=N applies a shared-layer encoder N times (also "
-                    "with "
-                    "--plot, --analyze)")
+                    "with --plot, --analyze)")
     ap.add_argument("--plot", action="store_true", help="draw what the checkpoint in --out learned "
                     "(attention maps, gates, value scores, relations) and the run's learning "
-                    "curves into "
-                    "DIR/plots and exit; PNGs need matplotlib (pip install -e '.[plot]'), without "
-                    "it the "
-                    "maps are printed as text")
+                    "curves into DIR/plots and exit; PNGs need matplotlib (pip install -e "
+                    "'.[plot]'), without it the maps are printed as text")
     ap.add_argument("--plot-dir", metavar="DIR",
                     help="--plot: write the PNGs to DIR (default: the run's "
                     "plots/); --report: also draw the runs' learning curves side by side into "
                     "DIR/learning-curves.png")
     ap.add_argument("--example", action="append", default=[], metavar="TEXT",
-                    help="--plot this input instead of a fixed sample of test examples "
-                         "(repeatable): the "
+                    help="--plot this input instead of a fixed sample of test examples (repeatable): the "
                     "task's text, e.g. ctl '101 d a b', lookup '100 t3 t1 .', scan 'jump twice'; "
-                    "object "
-                    "indices for sort, pairwise, set")
+                    "object indices for sort, pairwise, set")
     ap.add_argument("--train-size", type=int,
                     help="sort, pairwise, set, mlu: training samples drawn from "
                     "the train pool (default: sort 500, pairwise 2015, set 2000, mlu 200000)")
@@ -140,8 +133,7 @@ def main(argv, train):
     # e.g. --set d_model=1000000: numpy names the array it could not allocate
     except MemoryError as e:
         print(f"error: not enough memory ({e or 'MemoryError'}); choose smaller sizes (d_model, "
-              "d_ff, "
-              "n_steps, --batch-size)", file=sys.stderr)
+              "d_ff, n_steps, --batch-size)", file=sys.stderr)
         return 2
     except Diverged as e:
         print(f"error: {e}", file=sys.stderr)
@@ -250,8 +242,7 @@ def show_config(cfg, preset):
     """The resolved run configuration, its task options and its model, one field a line; ``*`` marks
     the fields a flag or --set changed, with the preset's value in brackets."""
     lines = [f"{cfg.task} / {cfg.model}, {cfg.preset} preset (* = changed from the preset, its "
-             "value in "
-             "brackets)"]
+             "value in brackets)"]
     for title, now, was in (("run (RunConfig)", cfg, preset),
                             (f"task options ({type(cfg.options).__name__})", cfg.options,
                              preset.options),
@@ -344,15 +335,13 @@ def plot(out_dir, device="cpu", texts=(), task=None, model=None, settings=(), pl
     default_dir, plot_dir = plot_dir is None, plot_dir or os.path.join(out_dir, "plots")
     if default_dir and os.path.islink(plot_dir) or os.path.exists(plot_dir) and not os.path.isdir(plot_dir):
         raise UsageError(f"{plot_dir} is a link or a file, not a directory for the pictures "
-                         "(choose "
-                         "--plot-dir)")
+                         "(choose --plot-dir)")
     recipe, net, _ = _load_run(out_dir, device, settings)
     for flag, given, saved in (("--task", task, recipe.cfg.task),
                                ("--model", model, recipe.cfg.model)):
         if given is not None and given != saved:
             raise UsageError(f"{out_dir} holds a {recipe.cfg.task} / {recipe.cfg.model} "
-                             "checkpoint, not "
-                             f"{flag} {given}")
+                             f"checkpoint, not {flag} {given}")
     with user_values():
         pictures = recipe.plot_examples(net, list(texts))
     pictures += run_curves(out_dir)   # metrics.jsonl against the step, the selected step marked

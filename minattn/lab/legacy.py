@@ -28,9 +28,8 @@ def refuse_old_checkpoint(out_dir):
     """A checkpoint.pkl is never loaded: unpickling runs any code the file carries."""
     if old_checkpoint(out_dir):
         raise UsageError(f"{out_dir} holds an old {OLD_CHECKPOINT}, which is not loaded because "
-                         "unpickling "
-                         f"runs any code the file carries; if you trust it, convert it once with: "
-                         f"python train.py --convert {out_dir}")
+                         f"unpickling runs any code the file carries; if you trust it, convert it "
+                         f"once with: python train.py --convert {out_dir}")
 
 
 def older_metrics(best, history):
@@ -58,8 +57,7 @@ def convert(out_dir):
     # converted before, and maybe trained on since
     if os.path.exists(os.path.join(out_dir, CHECKPOINT)):
         raise UsageError(f"{out_dir} already holds {CHECKPOINT}, which is read instead of "
-                         f"{OLD_CHECKPOINT}; "
-                         f"nothing was overwritten (delete {OLD_CHECKPOINT})")
+                         f"{OLD_CHECKPOINT}; nothing was overwritten (delete {OLD_CHECKPOINT})")
     print(f"warning: unpickling {path} runs any code it carries; convert only files you trust",
           file=sys.stderr)
     with locked(out_dir):

@@ -145,23 +145,19 @@ def open_in_run(path, flags, mode=0o644):
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.ENXIO):
             raise UsageError(f"{path} is a symbolic link or a special file: minattn writes only "
-                             "regular "
-                             "files in a run directory (remove it)") from None
+                             "regular files in a run directory (remove it)") from None
         raise
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise UsageError(f"{path} is not a regular file: minattn writes only regular files in a "
-                         "run "
-                         "directory (remove it)")
+                         "run directory (remove it)")
     # a copy made with cp -al or rsync --link-dest: writing here writes into the other
     if st.st_nlink > 1:
         os.close(fd)
         raise UsageError(f"{path} has {st.st_nlink} hard links (a copy made with cp -al?), so a "
-                         "run would "
-                         "write into every copy: remove it (it is made afresh), or copy the run "
-                         "directory "
-                         "with cp -a")
+                         "run would write into every copy: remove it (it is made afresh), or copy "
+                         "the run directory with cp -a")
     fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
     return fd
 
@@ -246,8 +242,7 @@ def locked(out_dir):
             pid = f.read(32).strip()
             holder = pid if _pid_alive(pid) else "unknown"
             raise UsageError(f"{out_dir} is in use by another run (pid {holder}); wait for it to "
-                             "end or "
-                             "choose another --out") from None
+                             "end or choose another --out") from None
         f.seek(0)
         f.truncate()
         f.write(f"{os.getpid()}\n")
@@ -373,8 +368,7 @@ def _read_npz(path, only=None):
                 declared = sum(i.file_size for i in infos)
                 if declared > 2 * st.st_size + (1 << 20):
                     raise Corrupted(f"checkpoint {path} is corrupted (its members declare "
-                                    f"{declared} bytes "
-                                    f"in a file of {st.st_size})")
+                                    f"{declared} bytes in a file of {st.st_size})")
                 arrays = {}
                 for info in infos:
                     if only is not None and info.filename != only:
@@ -478,8 +472,7 @@ def load_checkpoint(path):
         and all(v.ndim == 0 and v.dtype.kind in "fiu" and np.isfinite(v) for v in running.values())
     if (r is not None or running) and not whole:
         raise Corrupted(f"checkpoint {path} is corrupted (running: expected the sums of the "
-                        "interval in "
-                        "progress)")
+                        "interval in progress)")
     for k, v in arrays.items():
         kind, _, name = k.partition("/")
         owner = name.rpartition("/")[0] if kind == "optimizer" else name
@@ -488,8 +481,7 @@ def load_checkpoint(path):
         # train.py's parameters and Adam's moments are float32 arrays
         if v.dtype != np.float32 or v.ndim == 0:
             raise Corrupted(f"checkpoint {path} is corrupted ({k}: {v.dtype} {v.shape}, expected "
-                            "float32 "
-                            "arrays)")
+                            "float32 arrays)")
         if not np.isfinite(v).all():
             raise Corrupted(f"checkpoint {path} is corrupted ({k} is not finite)")
     part = {kind: {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith(kind + "/")}
@@ -515,9 +507,8 @@ def check_resumable(ckpt, path):
         lacking = names if opt["t"] and not any(opt["state"]) else []
     if lacking:
         raise UsageError(f"checkpoint {path} lacks the optimizer state of {len(lacking)} of "
-                         f"{len(names)} "
-                         f"parameters (e.g. {lacking[0]}), so --resume could not continue exactly; "
-                         "--evaluate and --plot still read it")
+                         f"{len(names)} parameters (e.g. {lacking[0]}), so --resume could not "
+                         "continue exactly; --evaluate and --plot still read it")
 
 
 def identity(cfg):
@@ -581,7 +572,6 @@ def repair_log(path, history, step):
     keep = next((i for i, (a, b) in enumerate(zip(old, lines)) if a != b),
                 min(len(old), len(lines)))
     print(f"warning: {path} did not match the checkpoint of step {step}: kept {keep} lines, "
-          "dropped "
-          f"{len(old) - keep} (written after the checkpoint, or torn by an interruption), restored "
-          f"{len(lines) - keep} from the checkpoint", file=sys.stderr)
+          f"dropped {len(old) - keep} (written after the checkpoint, or torn by an interruption), "
+          f"restored {len(lines) - keep} from the checkpoint", file=sys.stderr)
     write_atomic(path, lambda f: f.writelines(lines))

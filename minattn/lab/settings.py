@@ -94,8 +94,7 @@ def make_config(task, model, preset="cpu", **overrides):
             # 10⁹ would never end
             if f.name in LOOPS and isinstance(value, int) and value > MAX_LOOPS:
                 raise UsageError(f"{f.name} is {value}: above {MAX_LOOPS:,} applications or layers "
-                                 "are "
-                                 "refused")
+                                 "are refused")
     return cfg
 
 
@@ -202,13 +201,11 @@ def saved_settings(ckpt, path):
     loops = [k for k in LOOPS if _int(flat.get(k)) and flat[k] > MAX_LOOPS]
     if loops:
         raise Corrupted(f"checkpoint {path} is corrupted (config.{loops[0]}: {flat[loops[0]]}, "
-                        "above "
-                        f"{MAX_LOOPS:,})")
+                        f"above {MAX_LOOPS:,})")
     # not in the identity, so checked here (a resume runs there)
     if flat.get("device") not in (None, "cpu", "gpu"):
         raise Corrupted(f"checkpoint {path} is corrupted (config.device: {flat['device']!r:.40}, "
-                        "not cpu or "
-                        "gpu)")
+                        "not cpu or gpu)")
     # as make_config has them: > 0
     for key in ("steps", "batch_size", "lr", "eval_every", "eval_batch_size"):
         if flat.get(key) is not None and not flat[key] > 0:
@@ -230,10 +227,9 @@ def resume_settings(out_dir, task=None, model=None, preset=None):
     for flag, given in (("task", task), ("model", model), ("preset", preset)):
         if given is not None and given != saved[flag]:
             raise UsageError(f"{out_dir} holds a {saved['task']} / {saved['model']} run "
-                             f"({saved['preset']} "
-                             "preset), "
-                             f"not --{flag} {given}: a resume continues the run as it is (drop "
-                             f"--{flag}, or "
+                             f"({saved['preset']} preset), not --{flag} {given}: a resume "
+                             "continues the run as it is "
+                             f"(drop --{flag}, or "
                              "choose another --out)")
     saved.pop("device", None)
     return saved
@@ -254,8 +250,7 @@ def resume_device(out_dir, given=None):
             backend.get_xp("gpu")
         except backend.DeviceError as e:
             raise UsageError(f"{e}; the run in {out_dir} was trained on the GPU: --device cpu "
-                             "continues it "
-                             "on the CPU") from None
+                             "continues it on the CPU") from None
     return device
 
 
@@ -265,10 +260,9 @@ def refuse_unread(cfg, overrides):
     for key, (other, value) in CONDITIONAL.items():
         if key in overrides and getattr(cfg.model_config, other, value) != value:
             raise UsageError(f"--set {key}={overrides[key]}: {key} is read only with "
-                             f"{other}={value} (this "
-                             "run has "
-                             f"{other}={getattr(cfg.model_config, other)}), so it would change "
-                             "nothing")
+                             f"{other}={value} (this run has "
+                             f"{other}={getattr(cfg.model_config, other)}), so it would "
+                             "change nothing")
 
 
 def resume_check(cfg, out_dir):
@@ -292,12 +286,9 @@ def resume_check(cfg, out_dir):
     if ckpt.get("plain", is_plain()) != is_plain():
         was = int(ckpt["plain"])
         raise UsageError(f"{out_dir} was trained with MINATTN_PLAIN={was} and this resume runs "
-                         "with "
-                         f"MINATTN_PLAIN={1 - was}: the two paths agree to ~1e-4, not bit for bit; "
-                         "continue "
-                         f"with MINATTN_PLAIN={was}")
+                         f"with MINATTN_PLAIN={1 - was}: the two paths agree to ~1e-4, not bit for "
+                         f"bit; continue with MINATTN_PLAIN={was}")
     if cfg.steps < ckpt["step"]:
         raise UsageError(f"--steps {cfg.steps} is below step {ckpt['step']}, which {out_dir} has "
-                         "already "
-                         "reached")
+                         "already reached")
     return ckpt

@@ -220,8 +220,7 @@ class UniversalEncoder(Module):
         self.input_pe = arch.input_pe
         if cfg.d_model < 1 or cfg.n_steps < 1 or cfg.n_steps_eval < 0:
             raise ValueError(f"need d_model ≥ 1, n_steps ≥ 1 and n_steps_eval ≥ 0 (0: as n_steps), "
-                             "got "
-                             f"{cfg.d_model}, {cfg.n_steps} and {cfg.n_steps_eval}")
+                             f"got {cfg.d_model}, {cfg.n_steps} and {cfg.n_steps_eval}")
         self.cfg = cfg
         self.embedding = Embedding(vocab_size, cfg.d_model,
                                    weight=_embedding_init(cfg, vocab_size, rng))

@@ -110,8 +110,7 @@ class Seq2Attn(Module):
             raise ValueError(f"unknown cell {cfg.cell!r}; valid: gru, lstm")
         if cfg.full_focus and cfg.embedding_values and E != H:
             raise ValueError(f"full focus multiplies the context (size d_embedding={E}) with the "
-                             "decoder state "
-                             f"(size d_hidden={H}): they must be equal")
+                             f"decoder state (size d_hidden={H}): they must be equal")
         if cfg.n_layers < 1 or not 0 <= cfg.teacher_forcing <= 1 or not 0 <= cfg.dropout < 1:
             raise ValueError("need n_layers ≥ 1, 0 ≤ teacher_forcing ≤ 1 and 0 ≤ dropout < 1")
         rng = np.random.default_rng(seed)

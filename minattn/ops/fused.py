@@ -22,8 +22,7 @@ def _row_max(x, axis):
     return xp.where(xp.isfinite(m), m, x.dtype.type(0))
 
 
-# --- softmax
-# ---------------------------------------------------------------------------------------
+# --- softmax --------------------------------------------------------------------------------------
 
 class Softmax(Function):
     """softmax along ``axis`` as one op. A row whose entries are all −inf (fully masked) gives
@@ -59,8 +58,7 @@ def softmax(x, axis=-1):
     return softmax_composed(x, axis)
 
 
-# --- log_softmax
-# -----------------------------------------------------------------------------------
+# --- log_softmax ----------------------------------------------------------------------------------
 
 def _logsumexp(x, axis):
     m = _row_max(x, axis)
@@ -93,8 +91,7 @@ def log_softmax(x, axis=-1):
     return log_softmax_composed(x, axis)
 
 
-# --- cross-entropy
-# ---------------------------------------------------------------------------------
+# --- cross-entropy --------------------------------------------------------------------------------
 
 def _target_weights(t, ignore_index, dtype):
     """(targets with ignored ones set to 0, weight per target: 1/count for the counted ones, else
@@ -152,8 +149,7 @@ def cross_entropy(logits, targets, ignore_index=None):
     return cross_entropy_composed(logits, targets, ignore_index)
 
 
-# --- layer norm
-# ------------------------------------------------------------------------------------
+# --- layer norm -----------------------------------------------------------------------------------
 
 class LayerNorm(Function):
     """(x − mean)/sqrt(var + eps) · weight + bias over the last axis (biased variance, as

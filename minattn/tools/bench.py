@@ -86,8 +86,7 @@ def bench_engine(device, repeat):
     t = timeit(step, xp, repeat) / K
     r = timeit(raw, xp, repeat) / K
     print(f"engine  tiny mul, forward+backward: {t * 1e6:6.2f} µs/op, of which the array work "
-          "itself "
-          f"{r * 1e6:5.2f} µs: engine overhead {(t - r) * 1e6:5.2f} µs/op")
+          f"itself {r * 1e6:5.2f} µs: engine overhead {(t - r) * 1e6:5.2f} µs/op")
 
 
 def bench_mlp(device, repeat):
@@ -116,8 +115,7 @@ def bench_mlp(device, repeat):
             a @ w1, h @ w2, g @ w2.T, h.T @ g, a.T @ h
         r = timeit(raw, xp, repeat)
         print(f"        B={B:5d} d={d:5d}: fwd+bwd {t * 1e3:8.3f} ms   raw matmuls {r * 1e3:8.3f} "
-              "ms   "
-              f"ratio {t / r:5.2f}   (+ AdamW step {t_opt * 1e3:7.3f} ms)")
+              f"ms   ratio {t / r:5.2f}   (+ AdamW step {t_opt * 1e3:7.3f} ms)")
 
 
 def encoder_flops(B, T, cfg, gated):
@@ -165,8 +163,7 @@ def bench_ndr(device, repeat):
     print(f"ndr     CTL cpu preset (d={cfg.d_model}, d_ff={cfg.d_ff}, {cfg.n_steps} steps), batch "
           f"{B}×{T}:")
     print(f"        train {t * 1e3:7.1f} ms/step  {B * T / t:8.0f} tokens/s  {flops / 1e9:5.1f} "
-          "GFLOP/step  "
-          f"MFU {flops / t / peak:4.2f} (peak {peak / 1e9:.0f} GFLOP/s)")
+          f"GFLOP/step  MFU {flops / t / peak:4.2f} (peak {peak / 1e9:.0f} GFLOP/s)")
     print(f"        eval  {te * 1e3:7.1f} ms/batch  train/eval time per sample {t / te:4.1f}×")
 
 
@@ -210,8 +207,7 @@ def bench_seq2attn(device, repeat):
         t = timeit(step, xp, repeat, min_time=1.0)
         t_opt = timeit(opt.step, xp, repeat)
         print(f"        batch {B:3d}: {t * 1e3:7.2f} ms/step = {t * 1e3 / B:7.3f} ms per training "
-              "sequence "
-              f"(of which the AdamW update {t_opt * 1e3:5.2f} ms/step)")
+              f"sequence (of which the AdamW update {t_opt * 1e3:5.2f} ms/step)")
 
 
 def bench_abstractor(device, repeat):
@@ -297,8 +293,8 @@ def bench_coda(device, repeat):
     def row(label, soft, quasi):
         (ts, ms), (tc, mc) = soft, quasi
         print(f"        {label:34s} softmax {ts * 1e3:7.1f} ms {ms / 2**20:6.1f} MiB   coda "
-              f"{tc * 1e3:7.1f} ms "
-              f"{mc / 2**20:6.1f} MiB   ratio time {tc / ts:4.2f} memory {mc / ms:4.2f}")
+              f"{tc * 1e3:7.1f} ms {mc / 2**20:6.1f} MiB   ratio time {tc / ts:4.2f} memory "
+              f"{mc / ms:4.2f}")
     print("coda    CoDA vs softmax attention, one training step (ms) and the peak memory of its "
           "arrays (MiB):")
     cfg = EncoderConfig(d_model=128, n_head=4, d_ff=256, n_steps=11, dropout=0.1,

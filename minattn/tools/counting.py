@@ -451,8 +451,7 @@ def table(only=None):
     print("nodes its forward records (the engine's Python work per step; backward visits each once "
           "more)")
     print(f"        {'model':32s} {'forward':>8s} {'backward':>9s} {'clipping':>9s} "
-          f"{'optimizer':>10s} "
-          f"{'total':>7s} {'syncs':>6s} {'nodes':>6s}")
+          f"{'optimizer':>10s} {'total':>7s} {'syncs':>6s} {'nodes':>6s}")
     for label, build in families():
         if only and only not in label:
             continue

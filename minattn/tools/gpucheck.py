@@ -102,8 +102,8 @@ def check_resume(device, opts):
     if problem:
         return False, f"{steps} steps straight vs {half} + resume: {problem}"
     return True, (f"{steps} steps straight == {half} + resume to {steps}: {len(a)} arrays "
-                  "bit-identical; "
-                  f"{results[0]['ms_per_step']} ms/step; final {results[0]['final_metrics']}")
+                  f"bit-identical; {results[0]['ms_per_step']} ms/step; final "
+                  f"{results[0]['final_metrics']}")
 
 
 def check_torch(device, opts):

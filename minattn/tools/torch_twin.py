@@ -175,8 +175,8 @@ def compare(preset="paper", device="cpu", repeat=5):
     sync = torch.cuda.synchronize if tdev == "cuda" else None
     t_torch = timeit(torch_step, np, repeat, min_time=1.0, sync=sync)
     print(f"NDR on CTL, {preset} preset (d {cfg.d_model}, d_ff {cfg.d_ff}, {cfg.n_head} head, "
-          f"{cfg.n_steps} steps), "
-          f"batch {B}×{T}, one training step (forward, backward, clip, AdamW) on {device}:")
+          f"{cfg.n_steps} steps), batch {B}×{T}, one training step (forward, backward, clip, "
+          f"AdamW) on {device}:")
     print(f"  minattn {t_minattn * 1e3:7.1f} ms/step   torch {torch.__version__} eager "
           f"{t_torch * 1e3:7.1f} ms/step   "
           f"minattn/torch {t_minattn / t_torch:5.2f}")

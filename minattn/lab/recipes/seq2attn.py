@@ -176,8 +176,7 @@ class Seq2Attn(Recipe):
             n = len(split) if rows is None else len(rows)
             correct, tau = self._decode(model, split, rows)
             lines.append(f"{name}: greedy sequence accuracy {correct / n:.3f} on {n:,} of "
-                         f"{len(split):,} "
-                         "examples")
+                         f"{len(split):,} examples")
             if tau is None:
                 continue
             percentiles = " / ".join(f"{v:.3f}" for v in np.percentile(tau, [1, 10, 50, 90, 99]))
