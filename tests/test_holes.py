@@ -179,3 +179,19 @@ def test_tasks_set_values_are_typed_and_checked(setting, message, tmp_path, caps
     assert tasks.main(["stats", "--task", "arith", "--cache-dir", str(tmp_path), "--set", setting]) == 2
     err = capsys.readouterr().err
     assert err == f"tasks.py: error: {message}\n"
+
+
+@pytest.mark.parametrize("task,patch", [("arith", ("minattn.data.ndr", "STALL", 2_000)),
+                                        ("listops", ("minattn.data.listops.ListOpsTask", "IDLE_CHUNKS", 2))])
+def test_a_max_length_too_short_for_the_depths_is_refused_not_a_hang(task, patch, tmp_path, capsys,
+                                                                     monkeypatch):
+    """arith's test split needs depth 8-9 expressions (about 33 characters at least): max_length=10 made
+    the rejection sampler draw forever. Now a long enough run of rejections is one line and exit 2."""
+    import importlib
+    module, _, attr = patch[0].rpartition(".") if task == "listops" else (patch[0], None, None)
+    target = getattr(importlib.import_module(module), attr) if attr else importlib.import_module(module)
+    monkeypatch.setattr(target, patch[1], patch[2])   # a shorter patience, so the test is quick
+    argv = ["stats", "--task", task, "--cache-dir", str(tmp_path), "--set", "max_length=10"]
+    assert tasks.main(argv + ["--set", "n_train=50"]) == 2
+    last = capsys.readouterr().err.splitlines()[-1]   # after the "generating ..." line
+    assert last.startswith("tasks.py: error: ") and last.endswith("raise max_length")

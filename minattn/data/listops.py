@@ -198,6 +198,7 @@ class ListOpsTask(ClassificationTask):
     classes = DIGITS
     SPLITS = {"train": (2, 6), "iid": (2, 6), "valid": (7, 7), "test": (8, 9)}
     CHUNK = 50_000   # draws per vectorised chunk (part of the generation parameters)
+    IDLE_CHUNKS = 100   # chunks in a row without a new sample before a too-tight max_length is refused
 
     def __init__(self, seed: int = 0, cache_dir=None, n_train: int = 1_000_000, n_iid: int = 1_000,
                  n_valid: int = 1_000, n_test: int = 1_000, p_op: float = 0.3, max_args: int = 5,
@@ -220,7 +221,13 @@ class ListOpsTask(ClassificationTask):
         left = {d: math.ceil(n / (hi - lo + 1)) for d in range(lo, hi + 1)}
         seen, seqs, values, deps = set(), [], [], []
         with tqdm(total=n, desc=f"listops {split}", disable=None, leave=False) as bar:
+            idle = 0   # chunks in a row that added nothing: a max_length too short never ends
             while len(seqs) < n:
+                if idle > self.IDLE_CHUNKS:
+                    raise ValueError(f"listops: no new {split} sample of depth {lo}-{hi} within "
+                                     f"max_length={self.max_length} in {idle * self.CHUNK:,} draws: "
+                                     "raise max_length")
+                before = len(seqs)
                 draws = _ListOpsDraws(rng, self.CHUNK, lo, hi, self.p_op, self.max_args,
                                       self.max_length)
                 ok = (draws.length <= self.max_length) & (draws.dep_depth >= lo) & (draws.dep_depth <= hi)
@@ -240,6 +247,7 @@ class ListOpsTask(ClassificationTask):
                     bar.update()
                     if len(seqs) == n:
                         break
+                idle = idle + 1 if len(seqs) == before else 0
         return seqs, values, deps
 
     def _generate(self):

@@ -174,6 +174,9 @@ def _uniform_stream(rng: np.random.Generator):
     return itertools.chain.from_iterable(iter(lambda: rng.random(1 << 16).tolist(), None)).__next__
 
 
+# Draws in a row that a generator may reject before it gives up (a length bound too tight for its depths).
+STALL = 200_000
+
 def arith_sample(u, min_depth: int, max_depth: int, p: float):
     """One draw of the official code's get_one sampler (code depths; docs/ndr.md §7.2); u() yields
     U[0, 1) floats.
@@ -255,13 +258,18 @@ class ArithTask(ClassificationTask):
     def _balanced(self, split: str, lo: int, hi: int, p: float, n: int):
         """Rejection-sample n distinct expressions with balanced code depths lo..hi."""
         u = _uniform_stream(rng_for(self.seed, f"arith/{split}"))
-        bins, seen, out = balanced_bins(n, lo, hi), set(), []
+        bins, seen, out, misses = balanced_bins(n, lo, hi), set(), [], 0
         with tqdm(total=n, desc=f"arith {split}", disable=None, leave=False) as bar:
             while len(out) < n:
                 s = arith_sample(u, lo, hi, p)
                 # too long: resample; repeats: rejected
                 if len(s[0]) > self.max_length or s[0] in seen:
+                    misses += 1
+                    if misses > STALL:   # a max_length too short for these depths: never ends
+                        raise ValueError(f"arith: no new {split} expression of depth {lo}-{hi} within "
+                                         f"max_length={self.max_length} in {STALL:,} draws: raise max_length")
                     continue
+                misses = 0
                 seen.add(s[0])
                 if bins.get(s[2], 0) > 0:
                     bins[s[2]] -= 1
