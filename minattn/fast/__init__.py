@@ -33,15 +33,18 @@ the plain form itself on the textbook path or when none is registered:
     attention/geometric.py: GeometricAttention.forward   once("in_projection")
     models/encoder.py: CopyGateLayer.forward             once("first_layers")
 
-The GPU tier (``kernels*.py``, CUDA kernels beside their NumPy definitions, off unless MINATTN_KERNELS=1):
-its sites are the ``faster`` rows marked "GPU tier" above plus those it registers over the grouped forms;
-kernels.py keeps its own table.  <- the kernel engineer completes this line with their sites.
+The GPU tier (``kernels*.py``: CUDA kernels beside their NumPy definitions, off unless
+MINATTN_KERNELS=1, and then only on CuPy float32 data) takes over at six of the ``faster`` sites above:
+GeometricWeights and DirectionalLogits (kernels_geometric.py), and LayerNorm, residual_norm,
+linear_relu_dropout and gated_mix (kernels_layer.py); where it replaces a grouped form (DirectionalLogits,
+LayerNorm), its kernel keeps the grouped weight gradients. kernels.py's header is its table.
 
 Each file says what it saves and gives the number ``make bench`` measured. Launches are the counting
 device's estimate of what CuPy would launch (minattn/tools/counting.py); on an H200 the annex took
 NDR's paper-preset training step from 137.2 to 60.1 ms (RESULTS.md, the first GPU run).
 
-The annex imports only the core, except geometric.py, the one file that knows a mechanism.
+The annex imports only the core, except geometric.py and kernels_geometric.py, the files that know a
+mechanism (NDR's geometric attention).
 ``MINATTN_PLAIN=1`` in the environment (or ``engine.plain()`` in code) switches all of it off: plain
 accumulation, one parameter at a time, composed forms, nothing shared. tests/test_plain_vs_fast.py
 shows that both paths are the same library. To delete this folder, also delete the one line that
