@@ -18,9 +18,9 @@ and last the operators (``+``, ``@``, ``.sum()``...), attached to ``Tensor`` in 
 Everything here is the textbook algorithm, but by default the annex takes over parts of it (the
 first ``backward`` steps into fast/accumulate.py): to step through this file in a debugger, run with
 ``MINATTN_PLAIN=1`` (or inside ``plain()``). The annex stays on: without it NDR's CPU step on NumPy
-costs 6–9% more CPU time (229.5 → 252.2 ms; median ratios of 40 alternating pairs 1.089 and, in an
-earlier run, 1.056; README "Speed"), an H200's step 2.3× more, and the golden runs and gradient
-hashes are the annex's.
+takes 5–9% longer (``make bench``'s NDR step: 228 → 244 ms, median of 7 alternating pairs 1.08;
+RESULTS.md, session 19), an H200's step 2.3× longer, and the golden runs and gradient hashes are
+the annex's.
 """
 import contextlib
 import itertools
