@@ -525,6 +525,13 @@ CORE = [
       "clipping scales up small gradients"),
     M("minattn/optim.py", "norm = xp.sqrt(sum((g * g).sum() for g in grads))", "norm = sum((g * g).sum() for g in grads)",
       "clipping by the squared norm"),
+    # the survivors of an independent mutation campaign (issue 42 item 6), each now killed by a test
+    M("minattn/optim.py", "eps=1e-8, weight_decay=0.01):", "eps=1e-8, weight_decay=0.0):",
+      "AdamW: default weight decay 0 (PyTorch's is 0.01)"),
+    M("minattn/engine.py", 'plain = os.environ.get("MINATTN_PLAIN", "")', 'plain = os.environ.get("MINATTN_TEXTBOOK", "")',
+      "MINATTN_PLAIN=1 ignored"),
+    M(FA + "geometric.py", "return (gz * self.alpha, gbs * self.beta,", "return (gz * self.alpha, gbs,",
+      "grouped directional logits: β dropped from the s gradient"),
     # --- annex: fast/flat.py (the flat buffer, its AdamW/SGD step and clipping) --------------------------
     M(FA + "flat.py", "    g *= max_norm / xp.maximum(norm + 1e-6, max_norm)", "    g *= max_norm / (norm + 1e-6)",
       "flat clipping scales up small gradients"),

@@ -8,7 +8,7 @@ tests/test_golden.py), and restores the file. A mutant that no test kills is the
 tests/test_golden.py alone, to count what only the 3-step snapshot catches. It prints each survivor and the
 share killed without and with the golden snapshot.
 
-    .venv/bin/python tests/mutation.py                 # the whole catalogue (289 mutants, 13 min on 2 busy cores)
+    .venv/bin/python tests/mutation.py                 # the whole catalogue (291 mutants, 13 min on 2 busy cores)
     .venv/bin/python tests/mutation.py --only geometric --no-golden
     .venv/bin/python tests/mutation.py --section definitions   # that section alone (175 mutants, ~8 min)
     .venv/bin/python tests/mutation.py --section core          # engine, ops, nn, optim, fast/ (114, ~5 min)
@@ -54,8 +54,9 @@ TESTS = {
     # the core: its own tests first, then the two paths side by side (under the default environment the
     # annex is on, so the textbook path runs only where a test asks for it: plain(), test_engine's fused vs
     # composed, test_graph's "textbook" half and test_plain_vs_fast)
-    "minattn/engine.py": ["tests/test_engine.py", "tests/test_gradient_paths.py", "tests/test_graph.py"] + DEFS +
-                         ["tests/test_gradcheck.py", "tests/test_nn_optim.py", "tests/test_plain_vs_fast.py"],
+    "minattn/engine.py": ["tests/test_engine.py", "tests/test_plain_env.py", "tests/test_gradient_paths.py",
+                          "tests/test_graph.py"] + DEFS +
+                          ["tests/test_gradcheck.py", "tests/test_nn_optim.py", "tests/test_plain_vs_fast.py"],
     "minattn/ops/": ["tests/test_gradient_paths.py", "tests/test_engine.py"] + DEFS +
                     ["tests/test_gradcheck.py", "tests/test_graph.py", "tests/test_coda.py", "tests/test_plain_vs_fast.py"],
     "minattn/nn.py": DEFS + ["tests/test_nn_optim.py", "tests/test_engine.py"] + GRAD + ["tests/test_plain_vs_fast.py"],
