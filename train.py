@@ -44,7 +44,6 @@ import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from minattn import backend, optim  # noqa: E402
-from minattn.engine import is_plain  # noqa: E402
 from minattn.lab import cli  # noqa: E402
 from minattn.lab.errors import Diverged, UsageError  # noqa: E402
 from minattn.lab.legacy import old_checkpoint, older_metrics  # noqa: E402
@@ -54,7 +53,8 @@ from minattn.lab.rundir import (CHECKPOINT, Terminated, append_line, identity,  
                                 load_checkpoint, locked, missing_top, remove_empty, repair_log, running_sums,
                                 save_checkpoint, stop_at_step_end, stopping_at_once, terminated, to_json,
                                 write_atomic)
-from minattn.lab.settings import make_config, resume_check, user_values  # noqa: E402, F401 (make_config: too)
+from minattn.lab.settings import (make_config, path_flags, resume_check,  # noqa: E402, F401 (make_config: too)
+                                  user_values)
 
 
 @dataclasses.dataclass
@@ -253,7 +253,7 @@ def checkpoint(run, running=False):
     save_checkpoint(os.path.join(run.out_dir, CHECKPOINT),
                     {"identity": identity(cfg), "config": dataclasses.asdict(cfg), "step": run.step,
                      "best": run.best, "last": run.last, "train_time": run.train_time,
-                     "history": run.history, "plain": is_plain()},   # the path: see settings.resume_check
+                     "history": run.history, **path_flags()},   # the path: see settings.resume_check
                     run.model.state_dict(), run.opt.state_dict(), run.selected,
                     run.sums.astuple() if running else None)
 

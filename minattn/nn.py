@@ -15,7 +15,7 @@ import numpy as np
 
 from . import backend
 from . import functional as F
-from .engine import Tensor, faster, is_training
+from .engine import Tensor, faster, is_grad_enabled, is_training
 
 
 class Parameter(Tensor):
@@ -209,10 +209,13 @@ class Linear(Module):
         self.bias = Parameter(uniform(rng, (d_out,), bound)) if bias else None
 
     def forward(self, x):
-        if x.dtype != self.weight.dtype and not getattr(x, "requires_grad", False):
-            # data (np.random.rand's float64, integers) in the parameters' dtype: else the weights'
-            # gradient comes back in another dtype, and backward() fails in an op the caller never
-            # called
+        if x.dtype != self.weight.dtype:
+            # else the weights' gradient comes back in another dtype, and backward() fails in an op the
+            # caller never called: data (np.random.rand's float64, integers) is cast to the parameters'
+            # dtype; a leaf tensor that wants its own gradient is refused here, by name
+            if getattr(x, "requires_grad", False) and x.creator is None and is_grad_enabled():
+                raise TypeError(f"nn.Linear: the input is {x.dtype} and requires grad, the parameters are "
+                                f"{self.weight.dtype}: cast the input, or the model with .to(dtype=...)")
             x = Tensor((x.data if isinstance(x, Tensor) else x).astype(self.weight.dtype))
         # x (..., d_in): the op folds leading axes into rows
         return F.linear(x, self.weight, self.bias)

@@ -98,6 +98,7 @@ class Adam(Optimizer):
         _check(type(self), "betas", betas, len(betas) == 2 and all(0 <= b < 1 for b in betas),
                "two numbers in [0, 1)")
         _check(type(self), "eps", eps, 0 <= eps, "a number ≥ 0")
+        _check(type(self), "weight_decay", weight_decay, 0 <= weight_decay < math.inf, "a finite number ≥ 0")
         self.betas, self.eps, self.weight_decay = betas, eps, weight_decay
 
     def update(self, p, g, s):

@@ -128,6 +128,26 @@ def test_a_resume_that_switches_the_path_is_refused_and_older_checkpoints_load(f
     assert code == 0, err
 
 
+def test_a_gpu_resume_that_switches_the_kernels_is_refused_a_cpu_one_is_not(fresh, capsys):
+    """MINATTN_KERNELS=1 changes a GPU run's last bits (the kernels sum in another order), nothing on the
+    CPU: a GPU resume on the other setting is refused, naming the variable; a CPU one continues."""
+    from minattn.fast import kernels
+    from minattn.lab.settings import make_config, resume_check, saved_settings
+    path = os.path.join(fresh, "checkpoint.npz")
+    ckpt = train.load_checkpoint(path)
+    assert ckpt["kernels"] is False
+    with kernels.switched(True):
+        for device, refused in (("gpu", True), ("cpu", False)):
+            saved = saved_settings(ckpt, path)
+            run_cfg = make_config(saved.pop("task"), saved.pop("model"), saved.pop("preset"), **saved)
+            run_cfg.device, run_cfg.steps = device, None
+            if refused:
+                with pytest.raises(train.UsageError, match="continue with MINATTN_KERNELS=0"):
+                    resume_check(run_cfg, fresh)
+            else:
+                resume_check(run_cfg, fresh)
+
+
 def test_a_checkpoints_path_must_be_true_or_false(fresh, capsys):
     _rewrite(os.path.join(fresh, "checkpoint.npz"), edit_meta=_set("plain", "yes"))
     code, err = run(["--evaluate", "--out", fresh], capsys)
@@ -181,17 +201,20 @@ def test_tasks_set_values_are_typed_and_checked(setting, message, tmp_path, caps
     assert err == f"tasks.py: error: {message}\n"
 
 
-@pytest.mark.parametrize("task,patch", [("arith", ("minattn.data.ndr", "STALL", 2_000)),
-                                        ("listops", ("minattn.data.listops.ListOpsTask", "IDLE_CHUNKS", 2))])
-def test_a_max_length_too_short_for_the_depths_is_refused_not_a_hang(task, patch, tmp_path, capsys,
-                                                                     monkeypatch):
+@pytest.mark.parametrize("task,max_length,patch", [
+    ("arith", 10, ("minattn.data.ndr", "STALL", 2_000)),      # too short for every depth
+    ("arith", 15, ("minattn.data.ndr", "STALL", 2_000)),      # long enough for the shallow depths only
+    ("listops", 10, ("minattn.data.listops.ListOpsTask", "IDLE_CHUNKS", 2))])
+def test_a_max_length_too_short_for_the_depths_is_refused_not_a_hang(task, max_length, patch, tmp_path,
+                                                                     capsys, monkeypatch):
     """arith's test split needs depth 8-9 expressions (about 33 characters at least): max_length=10 made
-    the rejection sampler draw forever. Now a long enough run of rejections is one line and exit 2."""
+    the rejection sampler draw forever, and so did 15, which fits the shallow depths (their bins fill, the
+    deep ones never do). Now a long enough run of draws without a new example is one line and exit 2."""
     import importlib
     module, _, attr = patch[0].rpartition(".") if task == "listops" else (patch[0], None, None)
     target = getattr(importlib.import_module(module), attr) if attr else importlib.import_module(module)
     monkeypatch.setattr(target, patch[1], patch[2])   # a shorter patience, so the test is quick
-    argv = ["stats", "--task", task, "--cache-dir", str(tmp_path), "--set", "max_length=10"]
+    argv = ["stats", "--task", task, "--cache-dir", str(tmp_path), "--set", f"max_length={max_length}"]
     assert tasks.main(argv + ["--set", "n_train=50"]) == 2
     last = capsys.readouterr().err.splitlines()[-1]   # after the "generating ..." line
     assert last.startswith("tasks.py: error: ") and last.endswith("raise max_length")

@@ -230,6 +230,8 @@ def test_adam_defaults_are_pytorchs(cls):
     (optim.AdamW, dict(betas=(0.9, 1.0)), "AdamW: betas must be two numbers in [0, 1), got (0.9, 1.0)"),
     (optim.AdamW, dict(betas=(float("nan"), 0.9)), "AdamW: betas must be two numbers in [0, 1)"),
     (optim.Adam, dict(eps=-1e-8), "Adam: eps must be a number ≥ 0, got -1e-08"),
+    (optim.AdamW, dict(weight_decay=-0.01), "AdamW: weight_decay must be a finite number ≥ 0, got -0.01"),
+    (optim.AdamW, dict(weight_decay=float("nan")), "AdamW: weight_decay must be a finite number ≥ 0, got nan"),
 ])
 def test_optimizers_refuse_bad_hyperparameters_in_one_line(cls, kwargs, message):
     with pytest.raises(ValueError) as e:
@@ -320,3 +322,11 @@ def test_either_switch_turns_module_dropout_off():
         np.testing.assert_array_equal(model.train()(ids, lengths).data, reference)
     np.testing.assert_array_equal(model.eval()(ids, lengths).data, reference)
     assert not np.array_equal(model.train()(ids, lengths).data, reference)   # training: noisy
+
+
+def test_linear_refuses_an_input_of_another_dtype_that_requires_grad_by_name():
+    """A float64 tensor that wants its own gradient cannot be cast (its gradient would lose the link):
+    refused at the call, naming nn.Linear, not later in backward() naming an op of the annex."""
+    layer = nn.Linear(4, 3)
+    with pytest.raises(TypeError, match=r"^nn\.Linear: the input is float64 and requires grad"):
+        layer(Tensor(np.random.rand(2, 4), requires_grad=True))

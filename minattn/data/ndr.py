@@ -262,19 +262,18 @@ class ArithTask(ClassificationTask):
         with tqdm(total=n, desc=f"arith {split}", disable=None, leave=False) as bar:
             while len(out) < n:
                 s = arith_sample(u, lo, hi, p)
-                # too long: resample; repeats: rejected
-                if len(s[0]) > self.max_length or s[0] in seen:
-                    misses += 1
-                    if misses > STALL:   # a max_length too short for these depths: never ends
-                        raise ValueError(f"arith: no new {split} expression of depth {lo}-{hi} within "
-                                         f"max_length={self.max_length} in {STALL:,} draws: raise max_length")
-                    continue
-                misses = 0
-                seen.add(s[0])
-                if bins.get(s[2], 0) > 0:
-                    bins[s[2]] -= 1
-                    out.append(s)
-                    bar.update()
+                misses += 1
+                # too long: resample; repeats: rejected; a depth whose bin is full: skipped
+                if len(s[0]) <= self.max_length and s[0] not in seen:
+                    seen.add(s[0])
+                    if bins.get(s[2], 0) > 0:
+                        bins[s[2]] -= 1
+                        out.append(s)
+                        bar.update()
+                        misses = 0
+                if misses > STALL:   # a max_length too short for (some of) these depths: never ends
+                    raise ValueError(f"arith: no new {split} expression of depth {lo}-{hi} within "
+                                     f"max_length={self.max_length} in {STALL:,} draws: raise max_length")
         return out
 
     def _generate(self):

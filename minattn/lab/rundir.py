@@ -458,9 +458,10 @@ def load_checkpoint(path):
     last = ckpt.get("last", {})
     if not (isinstance(last, dict) and all(v is None or _number(v) for v in last.values())):
         raise Corrupted(f"checkpoint {path} is corrupted (last: expected an object of metrics)")
-    # the path it was trained on (MINATTN_PLAIN), if saved
-    if not isinstance(ckpt.get("plain", False), bool):
-        raise Corrupted(f"checkpoint {path} is corrupted (plain: expected true or false)")
+    # the path it was trained on (MINATTN_PLAIN, MINATTN_KERNELS), if saved
+    for key in ("plain", "kernels"):
+        if not isinstance(ckpt.get(key, False), bool):
+            raise Corrupted(f"checkpoint {path} is corrupted ({key}: expected true or false)")
     names = ckpt.pop("parameters")
     running = {k.split("/", 1)[1]: arrays.pop(k)
                for k in [k for k in arrays if k.startswith("running/")]}

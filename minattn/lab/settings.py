@@ -12,6 +12,7 @@ import os
 
 from minattn import backend
 from minattn.engine import is_plain
+from minattn.fast import kernels
 
 from .errors import UsageError
 from .recipes import RECIPES, recipe_for
@@ -265,6 +266,12 @@ def refuse_unread(cfg, overrides):
                              "change nothing")
 
 
+def path_flags():
+    """Which path a run trains on, as its checkpoint records it: the textbook path (MINATTN_PLAIN=1)
+    and the GPU tier's kernels (MINATTN_KERNELS=1)."""
+    return {"plain": is_plain(), "kernels": kernels.is_on() and not is_plain()}
+
+
 def resume_check(cfg, out_dir):
     """The checkpoint in out_dir, checked for a --resume with ``cfg``: whole (optimizer state
     included) and written by this run; ``cfg.steps`` and ``cfg.eval_every`` None become the run's
@@ -282,12 +289,13 @@ def resume_check(cfg, out_dir):
     if diff:
         raise UsageError(f"checkpoint in {out_dir} was written by a different run (differs in: "
                          f"{', '.join(diff)}); nothing was overwritten")
-    # absent before the path was recorded: not checked
-    if ckpt.get("plain", is_plain()) != is_plain():
-        was = int(ckpt["plain"])
-        raise UsageError(f"{out_dir} was trained with MINATTN_PLAIN={was} and this resume runs "
-                         f"with MINATTN_PLAIN={1 - was}: the two paths agree to ~1e-4, not bit for "
-                         f"bit; continue with MINATTN_PLAIN={was}")
+    # absent before the path was recorded: not checked. The GPU tier's kernels act on the GPU only.
+    for key, now in path_flags().items():
+        if ckpt.get(key, now) != now and (key == "plain" or cfg.device == "gpu"):
+            name, was = f"MINATTN_{key.upper()}", int(ckpt[key])
+            raise UsageError(f"{out_dir} was trained with {name}={was} and this resume runs with "
+                             f"{name}={1 - was}: the two paths agree to ~1e-4, not bit for bit; "
+                             f"continue with {name}={was}")
     if cfg.steps < ckpt["step"]:
         raise UsageError(f"--steps {cfg.steps} is below step {ckpt['step']}, which {out_dir} has "
                          "already reached")
