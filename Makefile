@@ -1,5 +1,5 @@
 # minattn — `make test` and `make train` set up a virtual environment in .venv on first use.
-#   make demo                                   a model that learns in ~5 min on 2 CPU cores, and its pictures
+#   make demo                                   a model that learns in ~2-4 min on 2 CPU cores, and its pictures
 #   make test [DEVICE=gpu]                      the test suite (DEVICE=gpu: GPU cases must run, not skip)
 #   make test-slow                              the slow training checks
 #   make golden                                 rewrite tests/golden/* after an intended change, then check them
@@ -51,7 +51,7 @@ venv: $(VENV)/.installed
 		$(PY) -m pip install -q '$(CUPY)$(CUPY_EXTRA)' && echo '$(CUPY)$(CUPY_EXTRA)' > $(VENV)/.cupy; })
 
 # The first thing to run: seq2attn learns the lookup tables (paper Table 1) at the cpu preset, 100 epochs in
-# ~4 min on 2 cores, then --plot draws its learning curves and attention traces into $(DEMO)/plots. Run again,
+# ~2-4 min on 2 cores, then --plot draws its learning curves and attention traces into $(DEMO)/plots. Run again,
 # it redraws (a finished run is not retrained; an interrupted one continues). DEMO_ARGS: more flags for
 # train.py (tests/test_demo.py shrinks the run with them); PY=python3 uses that Python instead of the venv.
 DEMO      ?= runs/demo

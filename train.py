@@ -53,8 +53,8 @@ from minattn.lab.rundir import (CHECKPOINT, Terminated, append_line, identity,  
                                 load_checkpoint, locked, missing_top, remove_empty, repair_log, running_sums,
                                 save_checkpoint, stop_at_step_end, stopping_at_once, terminated, to_json,
                                 write_atomic)
-from minattn.lab.settings import (make_config, path_flags, resume_check,  # noqa: E402, F401 (make_config: too)
-                                  user_values)
+from minattn.lab.settings import (make_config, path_flags, resume_check,  # noqa: E402, F401
+                                  user_values)   # (make_config: for scripts and the tests too)
 
 
 @dataclasses.dataclass

@@ -10,9 +10,9 @@ requires grad, the directional derivative along a random unit direction v:
 One direction per tensor costs two forward passes, so a whole module is cheap; ``elementwise=True``
 checks every entry separately instead (for debugging a failing op).
 
-Defaults: eps = 1e-6, rtol = 1e-4, atol = 1e-6. A direction fails when |numeric − analytic| > atol +
-rtol·|numeric|, or when either value is NaN or ±inf (tests/test_checker.py pins all of this: a
-gradient wrong by 1% fails at these tolerances).
+Defaults: eps = 1e-6, rtol = 1e-4, atol = 1e-6. A direction fails when
+|numeric − analytic| > atol + rtol·|numeric|, or when either value is NaN or ±inf
+(tests/test_checker.py pins all of this: a gradient wrong by 1% fails at these tolerances).
 """
 import numpy as np
 

@@ -5,8 +5,8 @@ tuples of them), in definition order, so names are stable: ``layers.0.attn.w_q``
 attributes are buffers (e.g. a position table) and move with ``.to(device)``.
 
 Weights are created on the host from an explicit ``numpy.random.Generator`` and then moved, so a
-model initialises identically on CPU and GPU. Linear weights are stored (in, out): ``y = x @ W +
-b``.
+model initialises identically on CPU and GPU. Linear weights are stored (in, out):
+``y = x @ W + b``.
 """
 import contextlib
 import math
@@ -137,8 +137,7 @@ class Module:
             cache[name] = make()
         return cache[name]
 
-    # --- (de)serialisation
-    # -------------------------------------------------------------------------
+    # --- (de)serialisation ------------------------------------------------------------------------
     def state_dict(self):
         """Host (NumPy) copies of every parameter, by name."""
         return {name: backend.to_numpy(p.data).copy() for name, p in self.named_parameters()}
@@ -176,8 +175,7 @@ def _children(name, v, kind):
                 yield f"{name}.{i}", item
 
 
-# --- initialisers (host NumPy; fans as in PyTorch)
-# --------------------------------------------------
+# --- initialisers (host NumPy; fans as in PyTorch) ------------------------------------------------
 
 def head_size(d_model, n_head):
     """The width d_model / n_head of one attention head; a clear error where the heads do not
@@ -314,8 +312,7 @@ class FeedForward(Module):
         return self.fc2(self.dropout(F.relu(self.fc1(x))))
 
 
-# --- chains that the GPU tier of the annex runs as one kernel each (minattn/fast/kernels.py)
-# -----------
+# --- chains that the GPU tier of the annex runs as one kernel each (minattn/fast/kernels.py) ------
 
 def residual_norm(norm, h, dropout, x):
     """norm(h + dropout(x)): a post-norm residual connection."""

@@ -6,8 +6,8 @@ The score of key k_j (an encoder state) for the query q (the transcoder state) i
 concatenation, e_j = w2 · ReLU(W1 [k_j ; q] + b1) + b2 (Eq. 5). The weights α are, by
 ``activation``: ``softmax`` (the baseline); ``gumbel_st`` — in training the straight-through sample
 α = one_hot(argmax y) − sg(y) + y with y = softmax((e + g)/τ), g ~ Gumbel(0, 1) (Eqs. 7–8), so the
-forward value is exactly one-hot while the gradient is the soft sample's, and at evaluation α =
-one_hot(argmax e), without noise; or ``gumbel`` — in training the soft sample y itself (ablations
+forward value is exactly one-hot while the gradient is the soft sample's, and at evaluation
+α = one_hot(argmax e), without noise; or ``gumbel`` — in training the soft sample y itself (ablations
 and gradient checks), at evaluation the same argmax. The reference feeds log_softmax(e) rather than
 e into the sample; softmax ignores a constant shift per row, so using e gives identical values and
 gradients with one op fewer. The temperature τ is ``fixed``, ``latent`` (τ = exp(θ), θ a learned

@@ -25,9 +25,9 @@ fully masked row reads nothing.
 Memory: the L1 distance is one fused op (``L1Distance``) that walks over blocks of (sample, head)
 slabs or of query rows. Besides its (…, T_q, T_k) result it holds at most two temporaries of
 ``L1_BLOCK`` elements (or of one query row, T_k·d_k, where that is larger); its backward recomputes
-the signs and saves only Q and K. The composite ``l1_distance_reference`` keeps the (B, H, T_q, T_k,
-d_k) differences for the backward, d_k times the attention matrix; the tests check that both agree,
-and the fused peak.
+the signs and saves only Q and K. The composite ``l1_distance_reference`` keeps the
+(B, H, T_q, T_k, d_k) differences for the backward, d_k times the attention matrix; the tests check
+that both agree, and the fused peak.
 """
 import math
 from dataclasses import dataclass
@@ -225,9 +225,9 @@ class CoDAttention(MultiHeadAttention):
         # β G/√d_k, G = −L1
         N = l1_distance(q, k) * (-self.beta * self.scale)
         mask = stats = attention_mask(key_mask, T, S, causal, x.data)
-        # self-attention: padded queries are
         if key_mask is not None and context is None and kv is None:
-            stats = mask & key_mask[:, None, :, None]                 # left out of Mean(·) too
+            # self-attention: padded queries are left out of Mean(·) too
+            stats = mask & key_mask[:, None, :, None]
         M, g = quasi_attention(E, N, mask, stats, self.gate, self.center_e, self.composition,
                                self.row_mean)
         if self.record:

@@ -80,8 +80,8 @@ class CompositionalAttention(Module):
 
     def forward(self, x, key_mask=None, return_weights=False):
         """x (B, T, d_model); key_mask (B, T) bool, True for real tokens. Returns y (B, T, d_model),
-        and with ``return_weights`` the triple (y, search weights A (B, S, T, T), value scores c (B,
-        T, S, R))."""
+        and with ``return_weights`` the triple
+        (y, search weights A (B, S, T, T), value scores c (B, T, S, R))."""
         B, T, _ = x.shape
         S, R, ds, dv = self.S, self.R, self.d_s, self.d_v
         q, k, q_bar = (f(x).reshape(B, T, S, ds).transpose(0, 2, 1, 3)

@@ -55,10 +55,10 @@ def constants(T, like):
 def scan_indices(T, like):
     """The scan order as flat indices into a row-major (T, T) block, on the device of ``like``, made
     once per length: x.reshape(..., T·T)[..., i] for i in (scan, unscan, scan_back, unscan_back) is
-    x[..., rows, perm], x[..., rows, inv], and the same for the scan from its far end (perm[:,
-    ::-1], T − 1 − inv). One integer array is one gather (on CuPy one ``take``); ``x[..., rows,
-    perm]``, two arrays, is four kernels there (the counter: 2,038 → 1,870 launches per NDR step,
-    the same bits)."""
+    x[..., rows, perm], x[..., rows, inv], and the same for the scan from its far end
+    (perm[:, ::-1], T − 1 − inv). One integer array is one gather (on CuPy one ``take``);
+    ``x[..., rows, perm]``, two arrays, is four kernels there (the counter: 2,038 → 1,870 launches
+    per NDR step, the same bits)."""
     key = (T, backend.device_of(like), "scan")
     if key not in _CONSTANTS:
         perm, inv = scan_order(T)
@@ -78,12 +78,13 @@ def invalid_keys(key_mask, T, like):
 class GeometricWeights(Function):
     """A = geometric attention weights of logits z (B, H, T, T), Eq. 7 in log space, as one op.
 
-    With m = log(1 − σ(z)) = −softplus(z) and ℓ = log σ(z) = z + m, log A_ij = ℓ_ij + Σ_{k∈S_ij}
-    m_ik = z_ij + (the sum of m over the keys scanned up to and including j): one cumulative sum in
-    scan order. Backward, with g = ∂L/∂log A = ∂L/∂A ⊙ A: ∂L/∂m_ik is the sum of g over the keys
-    scanned from k on, and ∂m/∂z = −σ(z) = −exp(ℓ). Masked keys get z = F.MASKED: σ = 0, m = 0, A =
-    0, and a gradient of exactly 0 with no mask in the backward. 7 array operations forward and 8
-    back; its composed form (``geometric_weights_composed``, below) takes 15 forward and 17 back.
+    With m = log(1 − σ(z)) = −softplus(z) and ℓ = log σ(z) = z + m,
+        log A_ij = ℓ_ij + Σ_{k∈S_ij} m_ik = z_ij + (the sum of m over the keys scanned up to j, j included):
+    one cumulative sum in scan order. Backward, with g = ∂L/∂log A = ∂L/∂A ⊙ A: ∂L/∂m_ik is the sum of
+    g over the keys scanned from k on, and ∂m/∂z = −σ(z) = −exp(ℓ). Masked keys get z = F.MASKED:
+    σ = 0, m = 0, A = 0, and a gradient of exactly 0 with no mask in the backward. 7 array operations
+    forward and 8 back; its composed form (``geometric_weights_composed``, below) takes 15 forward and
+    17 back.
     """
 
     def __init__(self, invalid, scan_indices):
@@ -222,7 +223,7 @@ class GeometricAttention(Module):
         k = self.key_dropout(k)
         # (B, H, T, 2): (s←, s→)
         s = F.split_heads(y, 3 * C, H, 2)
-        rows, perm, inv, right, sides = constants(T, x.data)
+        right, sides = constants(T, x.data)[3:]
         qk = q @ k.swapaxes(-1, -2)                                               # (B, H, T, T)
         if not is_plain():
             z = faster(DirectionalLogits)(right, sides)(qk, s, self.alpha, self.beta, self.gamma)

@@ -39,9 +39,10 @@ def _zeros(n):
 
 
 class RelationalCrossAttention(Module):
-    """Multi-head RCA in MHA form (paper Eq. 6; docs/abstractor.md §1.2): α_h = σ_rel(scale · Q_h
-    K_hᵀ) with Q_h = X W_q^h + b_q^h, K_h = X W_k^h + b_k^h; O = concat_h(Drop(α_h) (S W_v^h +
-    b_v^h)) W_o + b_o. Each head is ``d_head`` wide (default d_model, as in the reference code);
+    """Multi-head RCA in MHA form (paper Eq. 6; docs/abstractor.md §1.2):
+        α_h = σ_rel(scale · Q_h K_hᵀ) with Q_h = X W_q^h + b_q^h, K_h = X W_k^h + b_k^h;
+        O = concat_h(Drop(α_h) (S W_v^h + b_v^h)) W_o + b_o.
+    Each head is ``d_head`` wide (default d_model, as in the reference code);
     ``scale`` is "sqrt" (1/√d_head) or "none". Causal masks are allowed only with softmax; any other
     σ_rel refuses them (docs/abstractor.md §1.2). ``init="keras"`` draws the kernels as the
     reference code's Keras layer does (docs/abstractor.md §5.1)."""

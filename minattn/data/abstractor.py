@@ -116,10 +116,9 @@ class SortTask(ObjectTask):
         rng = rng_for(seed, "sort")
         a = rng.standard_normal((self.N_PRIMARY, 4))
         b = rng.standard_normal((self.N_SECONDARY, 8))
+        # row 12i + j = (a_i, b_j)
         self.objects = np.concatenate([np.repeat(a, self.N_SECONDARY, axis=0),
-                                       np.tile(b, (self.N_PRIMARY, 1))],
-                                      # row 12i + j = (a_i, b_j)
-                                      axis=1).astype(np.float32)
+                                       np.tile(b, (self.N_PRIMARY, 1))], axis=1).astype(np.float32)
         # The first 10 of a random permutation of the 48 objects: uniform over ordered 10-subsets.
         index = np.argsort(rng.random((n_sequences, len(self.objects))), axis=1)[:, :self.LENGTH]
         _, first = np.unique(index, axis=0, return_index=True)

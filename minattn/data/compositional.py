@@ -44,10 +44,10 @@ class RetrievalTask(Task):
           1        0.3  -2.0           7    8             .   .
           2        1.0   0.8           9   10             .   .
 
-    Object 0: search 0 finds object 1 (|0.3 − 0.0| < |1.0 − 0.0|) and retrieves z̃_1[1] = 8; search
-    1 finds object 2 (|0.8 − 1.0| = 0.2) and retrieves z̃_2[0] = 9; so y_0 = α_0·8 + α_1·9 =
-    −11.1639. Its input row is [z_0, z̃_0, onehot(1), onehot(0)] = [0, 1, 5, 6, 0, 1, 1, 0] (in_dim
-    = S + R + S·R).
+    Object 0: search 0 finds object 1 (|0.3 − 0.0| < |1.0 − 0.0|) and retrieves z̃_1[1] = 8;
+    search 1 finds object 2 (|0.8 − 1.0| = 0.2) and retrieves z̃_2[0] = 9; so
+    y_0 = α_0·8 + α_1·9 = −11.1639. Its input row is
+    [z_0, z̃_0, onehot(1), onehot(0)] = [0, 1, 5, 6, 0, 1, 1, 0] (in_dim = S + R + S·R).
 
     Modes: ``pool="all"`` draws every r*(i, s) uniformly (IID); ``"train"``/``"test"`` draw one
     combination per object from ``retrieval_combinations`` (OOD training/evaluation). There is no

@@ -183,8 +183,8 @@ class ListOpsTask(ClassificationTask):
         floor((5 + 8) / 2) = 6  ->  class "6";  ids [3, 9, 13, 10, 2, 13, 9, 14, 0, 0]
 
     Tree depth 3, but the result depends only on the leaves 5 and 8 (the middle of the stable sort),
-    so the dependency depth is 2 and the paper depth (``depths``) is 1. Length 3 + 3 + 6 leaves =
-    12.
+    so the dependency depth is 2 and the paper depth (``depths``) is 1. Length: 3 + 3 + 6 leaves
+    = 12.
 
     Splits (dependency depth; all with p_op 0.3, at most 5 arguments, length <= 50, distinct strings
     within a split, equal bins of ceil(n / #depths)): train 2-6 (1,000,000), iid 2-6 (1,000), valid

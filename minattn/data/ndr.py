@@ -34,8 +34,8 @@ class CTLTask(ClassificationTask):
 
     Eleven random bijections a..k of the 8 symbols 000..111 (ids 0..7; letters are ids 8..18). The
     input is the argument followed by the functions in the order they are applied; the answer (one
-    of the 8 symbols) is read at EOS. Worked example, with d = [4,2,1,5,0,7,3,6], a =
-    [6,1,5,7,0,4,2,3], b = [6,5,7,3,2,0,4,1]:
+    of the 8 symbols) is read at EOS. Worked example, with
+    d = [4,2,1,5,0,7,3,6], a = [6,1,5,7,0,4,2,3], b = [6,5,7,3,2,0,4,1]:
 
         "101 d a b"  means b(a(d(101))):  d(5) = 7, a(7) = 3, b(3) = 3  ->  class "011" (id 3)
         ids [5, 11, 8, 9]  ->  model input [SOS=20, 5, 11, 8, 9, EOS=19], depth 3

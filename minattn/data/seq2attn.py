@@ -120,8 +120,7 @@ class Seq2SeqTask(Task):
                 f"V_out={len(self.out_vocab)}, {sizes}>")
 
 
-# --- lookup tables
-# ------------------------------------------------------------------------------------
+# --- lookup tables --------------------------------------------------------------------------------
 
 BITS = [f"{i:03b}" for i in range(8)]
 # t(000), t(001), ..., t(111) for each table (docs/seq2attn.md §2.1; identical in all five public
@@ -209,8 +208,7 @@ class LookupTask(Seq2SeqTask):
         self.splits = {k: self._make(v) for k, v in splits.items()}
 
 
-# --- SCAN
-# ----------------------------------------------------------------------------------------------
+# --- SCAN -----------------------------------------------------------------------------------------
 
 SCAN_PRIMITIVES = ("walk", "look", "run", "jump")
 SCAN_SPLITS = ("simple", "length", "addprim_jump", "addprim_turn_left", "around_right",

@@ -47,8 +47,10 @@ The annex imports only the core, except geometric.py and kernels_geometric.py, t
 mechanism (NDR's geometric attention).
 ``MINATTN_PLAIN=1`` in the environment (or ``engine.plain()`` in code) switches all of it off: plain
 accumulation, one parameter at a time, composed forms, nothing shared. tests/test_plain_vs_fast.py
-shows that both paths are the same library. To delete this folder, also delete the one line that
-imports it, ``from . import fast`` in minattn/__init__.py; everything else runs the plain forms.
+shows that both paths are the same library. To delete this folder, also delete the one line of the
+library that imports it, ``from . import fast`` in minattn/__init__.py: the library then runs the
+plain forms. The other wings know the GPU tier by name (lab/settings.py records its switch in a
+checkpoint; tools/counting.py and tools/gpucheck.py count and check its kernels) and would go with it.
 """
 from . import accumulate, flat, geometric, grouped, shared_layer, slices  # noqa: F401  (each registers)
 from . import kernels  # noqa: F401,E402  (the GPU tier: registers its forms only with MINATTN_KERNELS=1)

@@ -15,7 +15,7 @@ cache (seq2attn's 1.5M parameters: AdamW 3.8 → 5.0 ms): there the optimizer up
 a time.
 
 Measured with ``make bench`` (NDR on CTL, cpu preset, one run with and without): launches per step
-(tests/counting.py) 1,755 with, 2,174 without (optimizer 345 → 15, clipping 96 → 7); CPU ms/step
+(minattn/tools/counting.py) 1,755 with, 2,174 without (optimizer 345 → 15, clipping 96 → 7); CPU ms/step
 unchanged (not used on NumPy).
 """
 import weakref

@@ -32,11 +32,10 @@ from .settings import (make_config, parse_settings, refuse_unread, resume_check,
                        resume_settings, saved_settings, user_values)
 
 
-# --- the command line
-# -----------------------------------------------------------------------------------
+# --- the command line ---------------------------------------------------------------------------
 
-def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog="train.py", description=__doc__,
+def parse_args(argv=None, description=__doc__):
+    ap = argparse.ArgumentParser(prog="train.py", description=description,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     # --task and --model default to ctl and ndr for training; None tells --plot that none was given
     ap.add_argument("--task", help="one of: " + ", ".join(t for r in RECIPES for t in r.tasks)
@@ -113,7 +112,8 @@ def parse_args(argv=None):
 def main(argv, train):
     """train.py's main: ``train`` is its loop, ``train(cfg, out_dir, resume, progress)`` → the
     results."""
-    args, where = parse_args(argv), {"out": None}
+    # --help shows train.py's own docstring (what a user reads), not this file's
+    args, where = parse_args(argv, sys.modules[train.__module__].__doc__), {"out": None}
     try:
         # Ctrl-C and SIGTERM: after any write in progress, then the lines below
         with handling_signals():
@@ -273,8 +273,7 @@ def summary(results, out):
             f"pictures: python train.py --plot --out {shlex.quote(out)}")
 
 
-# --- trained runs: --evaluate, --analyze, --plot
-# --------------------------------------------------------
+# --- trained runs: --evaluate, --analyze, --plot --------------------------------------------------
 
 # what `--set` may change in a trained run (--evaluate, --plot, --analyze): evaluation, never the
 # weights

@@ -38,8 +38,7 @@ from .legacy import SAVED_BEFORE, refuse_old_checkpoint
 CHECKPOINT_VERSION = 2   # 1: checkpoint.pkl (pickle), read only by --convert (legacy.py)
 
 
-# --- signals: Ctrl-C (SIGINT) and SIGTERM stop a run between writes, never inside one
-# ----------------------
+# --- signals: Ctrl-C (SIGINT) and SIGTERM stop a run between writes, never inside one -------------
 
 class Terminated(BaseException):
     """SIGTERM (``kill``, ``docker stop``, a scheduler's preemption): handled like Ctrl-C, exit code
@@ -131,8 +130,7 @@ def deferring_signals():
             _raise_for(pending)
 
 
-# --- files in a run directory: never through a symbolic link, never anything but a regular file
-# ----------
+# --- files in a run directory: never through a symbolic link, never anything but a regular file ---
 
 def open_in_run(path, flags, mode=0o644):
     """os.open(path) for writing a file of a run directory: a symbolic link at ``path`` is refused

@@ -20,8 +20,7 @@ from .recipes.base import field_types, fields
 from .rundir import CHECKPOINT, Corrupted, _int, _number, check_resumable, identity, load_checkpoint, settings
 
 
-# --- configuration: a recipe's preset, then the command line's overrides
-# ----------------------------------
+# --- configuration: a recipe's preset, then the command line's overrides --------------------------
 
 @contextlib.contextmanager
 def user_values():
@@ -106,8 +105,7 @@ LOOPS = ("n_steps", "n_steps_eval", "n_layers", "n_encoder_layers", "n_decoder_l
 MAX_LOOPS = 10_000
 
 
-# --- settings by name
-# ------------------------------------------------------------------------------------
+# --- settings by name -----------------------------------------------------------------------------
 
 def setting_types(task, model=None):
     """{setting: int, float, bool or str}: what --set may change in a run of ``task`` with ``model``

@@ -8,9 +8,10 @@ values are the symbols. Two forms:
 
 * MHA form (paper §2.3, Algorithm 1; docs/abstractor.md §3; the sorting models): per layer, optional
   symbol self-attention, then A ← LN(A + RCA(E, A)) — the residual goes onto the symbols — then the
-  FF block. Architectures (paper §3, Fig. 2; docs/abstractor.md §4): (a) decoder ←
-  Abstractor(embedded X); (b) decoder ← Abstractor(Encoder(X)); (d) multi-attention decoder ← [E,
-  Abstractor(E)]; (e) ← [E, Abstractor2(Abstractor1(E))] (+ A1 with ``attend_a1``). The Ablation
+  FF block. Architectures (paper §3, Fig. 2; docs/abstractor.md §4):
+  (a) decoder ← Abstractor(embedded X); (b) decoder ← Abstractor(Encoder(X));
+  (d) multi-attention decoder ← [E, Abstractor(E)]; (e) ← [E, Abstractor2(Abstractor1(E))]
+  (+ A1 with ``attend_a1``). The Ablation
   model replaces RCA by standard cross-attention A ← LN(A + MHA(Q = A, K = V = E)).
 * Simplified form (§1.3; pairwise order and SET): per-relation RCA, FF block, dropout; objects →
   Dense → simplified Abstractor → flatten → MLP head.

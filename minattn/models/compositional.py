@@ -90,8 +90,8 @@ def _compositional(score):
 
 # The CRT models by name: the attention layer each builds from the config, ``(cfg, rng) → module``.
 MODELS = {
-    "mha": dict(attention=lambda cfg,
-                rng: CRTMultiHeadAttention(cfg.d_model, cfg.n_head or cfg.searches,
+    "mha": dict(attention=lambda cfg, rng: CRTMultiHeadAttention(cfg.d_model,
+                                                                cfg.n_head or cfg.searches,
                                                                 concat=cfg.concat, rng=rng),
                 ignores=("separate",)),
     "compositional": dict(attention=_compositional("dot"), ignores=("n_head",)),

@@ -97,13 +97,13 @@ ONEHOT_MAX_ROWS = 64
 
 
 def segment_sum(g, k, K):
-    """out[p, j, q] = Σ_{i: k[i] = j} g[p, i, q] for g (P, m, Q) and integer k (m,) in [0, K): (P,
-    K, Q).
+    """out[p, j, q] = Σ_{i: k[i] = j} g[p, i, q] for g (P, m, Q) and integer k (m,) in [0, K):
+    (P, K, Q).
 
     The backward of every gather. It is the same on every run, unlike ``xp.add.at``, whose CUDA
     version adds with float atomics in whatever order the threads arrive. A device other than NumPy
     (CuPy) uses a one-hot matmul: cuBLAS gives the same bits on every run and nothing is read back
-    to the host (the guide's choice; not measured on a GPU). NumPy uses the one-hot matmul for a few
+    to the host (chosen for determinism; not measured on a GPU). NumPy uses the one-hot matmul for a few
     targets and a stable sort + ``add.reduceat`` per segment beyond (measured; see ONEHOT_MAX_ROWS).
     Both sum in another order than ``add.at`` did, so results differ from it in the last bits.
     """

@@ -33,7 +33,7 @@ class Linear(MatMul):
     """x @ W + b for x (..., d_in), W (d_in, d_out), b (d_out,) or absent: the matmul and the bias
     add as one node, the bias added in place into the product (one temporary array less). Leading
     axes are folded into rows, x (N, d_in), and unfolded after: one 2-D product is much faster than
-    a batched one (docs/performance), and the two reshapes are not two more nodes (as
+    a batched one, and the two reshapes are not two more nodes (as
     ``x.reshape(-1, d_in)``, the linear, and ``.reshape(*lead, d_out)`` would be: 2 of the ~16 nodes
     of a copy-gate layer's step). Backward: MatMul's on the rows, and the bias gets gy, which the
     engine sums over the rows (``sum_to``)."""

@@ -207,8 +207,7 @@ class Recipe:
     def __init__(self, cfg):
         self.cfg = cfg
 
-    # --- configuration: class methods, so train.py resolves a run before it builds the recipe
-    # ------------
+    # --- configuration: class methods, so train.py resolves a run before it builds the recipe -----
 
     @classmethod
     def model_config_class(cls, model):
@@ -252,8 +251,7 @@ class Recipe:
                          model_config=cls.model_config_class(model)(**parts["model"]),
                          options=cls.Options(**parts["options"]) if cls.Options else None)
 
-    # --- the run
-    # -------------------------------------------------------------------------------------------
+    # --- the run ----------------------------------------------------------------------------------
 
     def load_task(self):
         raise NotImplementedError
@@ -299,8 +297,7 @@ class Recipe:
         return [backend.to_device(a, self.cfg.device) for a in arrays]
 
 
-# --- shared bodies: counting correct predictions, --example parsing, --plot's sample
-# ------------------------
+# --- shared bodies: counting correct predictions, --example parsing, --plot's sample --------------
 
 def fraction(count, n):
     """A device count over n, as a rounded host number (one sync per metric)."""

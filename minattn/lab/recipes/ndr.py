@@ -14,17 +14,17 @@ from minattn.models.encoder import ARCHITECTURES, Classifier
 from .. import viz
 from .base import Recipe, Selection, example_name, fraction, parse_tokens, plot_sample, sample_name
 
-# --- "paper": the official sweeps (§8), which the paper's Tables 4–6 repeat
-# ------------------------------- One row per (task, model), the model's fields (EncoderConfig) and
-# the run's. Embeddings (§5): N(0, 1) for NDR, the gated baselines and the plain "Transformer"; §5
-# lists Kaiming for the CTL/arithmetic "Transformer", but the official code builds that (universal)
-# variant without passing the sweep's embedding_init (tasks/simple/transformer_classifier_mixin.py),
-# so its default N(0, 1) applies. "+ rel" is the Transformer's run with the sweep's init. "+ geom.
-# att." (the paper ran it on CTL only) and compositional attention (a drop-in) are the Transformer's
-# run, read at EOS outside ListOps. Readout (§1): SOS on ListOps and for the arithmetic
-# "Transformer" and "+ rel", EOS everywhere else. "+ abs/rel + gate" is "+ rel + gate" plus the abs
-# gate: where the paper has only one of them, both share its row. A model without a row of its own
-# (an attention drop-in such as transformer-coda) trains exactly the Transformer's run.
+# --- "paper": the official sweeps (§8), which the paper's Tables 4–6 repeat -------------------------
+# One row per (task, model), the model's fields (EncoderConfig) and the run's. Embeddings (§5):
+# N(0, 1) for NDR, the gated baselines and the plain "Transformer"; §5 lists Kaiming for the
+# CTL/arithmetic "Transformer", but the official code builds that (universal) variant without
+# passing the sweep's embedding_init (tasks/simple/transformer_classifier_mixin.py), so its default
+# N(0, 1) applies. "+ rel" is the Transformer's run with the sweep's init. "+ geom. att." (the paper
+# ran it on CTL only) and compositional attention (a drop-in) are the Transformer's run, read at EOS
+# outside ListOps. Readout (§1): SOS on ListOps and for the arithmetic "Transformer" and "+ rel",
+# EOS everywhere else. "+ abs/rel + gate" is "+ rel + gate" plus the abs gate: where the paper has
+# only one of them, both share its row. A model without a row of its own (an attention drop-in such
+# as transformer-coda) trains exactly the Transformer's run.
 PAPER = {
     ("ctl", "transformer"): dict(
         d_model=128, d_ff=256, n_head=4, n_steps=11, embedding_init="normal", readout="eos",

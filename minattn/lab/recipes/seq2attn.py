@@ -193,8 +193,7 @@ class Seq2Attn(Recipe):
         None)."""
         attention, correct, taus, calls = model.attention, 0, [], []
         gumbel = attention.activation != "softmax"
-        record = viz.after_each_call(attention, lambda query,
-                                     *_: calls.append(attention.tau(query)))
+        record = viz.after_each_call(attention, lambda query, *_: calls.append(attention.tau(query)))
         with no_grad(), eval_mode(), (record if gumbel else contextlib.nullcontext()):
             for batch in split.eval_batches(self.cfg.eval_batch_size, rows):
                 src, src_lengths, tgt, tgt_lengths = self.to_device(batch)
