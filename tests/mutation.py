@@ -24,9 +24,9 @@ environment, the plain path runs where tests ask for it (plain(), tests/test_pla
 tests/test_graph.py, tests/test_engine.py's fused-vs-composed table), and most of the annex acts only off
 NumPy, which the strict test device is.
 
-Last full run (main 006af6b + this catalogue; 2 shared cores, a training job running beside it): 288 of 288
-counted mutants killed without the golden snapshot (100%; definitions 174/174, core 114/114), so 288/288
-with it too; 1 equivalent mutant (below) reported apart; 0 anchor errors; 754 s (12.6 min) wall time.
+Last full run (session 19, main at 331da79; 2 cores, other commands beside it): 290 of 290 counted mutants
+killed without the golden snapshot (100%; definitions 173/173, core 117/117), so 290/290 with it too; 1
+equivalent mutant (below) reported apart; 0 anchor errors; 802 s (13.4 min) wall time.
 """
 import argparse
 import os
