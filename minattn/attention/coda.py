@@ -180,11 +180,9 @@ class CoDAConfig:
     coda_alpha: float = 1.0                  # α, temperature of E
     # β, temperature of N; < 1 opens the gate at init (docs/coda.md §3)
     coda_beta: float = 1.0
-    # "scaled": 2σ(N) (Eq. 5); "centered": σ(N − Mean N) (Eq. 4)
-    coda_gate: str = "scaled"
+    coda_gate: str = "scaled"                # "scaled": 2σ(N) (Eq. 5); "centered": σ(N − Mean N) (Eq. 4)
     coda_center_e: bool = False              # E ← E − Mean(E) (Eq. 6)
-    # the 1/√d_k of E and N (paper footnote 3 allows dropping it)
-    coda_scale: bool = True
+    coda_scale: bool = True                  # the 1/√d_k of E and N (paper footnote 3 allows dropping it)
     coda_composition: str = "tanh-sigmoid"   # F_X(E) ⊙ F_Y(N) of paper Table 9
 
 

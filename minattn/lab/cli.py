@@ -47,8 +47,8 @@ def parse_args(argv=None, description=__doc__):
                     "SCAN_SPLITS in minattn/data/seq2attn.py)")
     ap.add_argument("--device",
                     help="cpu (default) or gpu (needs CuPy: make venv DEVICE=gpu, or pip install "
-                    "-e '.[gpu]'; see README \"On a GPU\"); a --resume keeps the run's unless "
-                    "given")
+                         "-e '.[gpu]'; see README \"On a GPU\"); a --resume keeps the run's unless "
+                         "given")
     ap.add_argument("--preset", help="cpu (default; ~30 min on 2 cores) or paper (the paper's "
                     "hyperparameters, for a GPU); a --resume keeps the run's")
     ap.add_argument("--steps", type=int, help="optimizer steps (default: the preset's)")
@@ -59,12 +59,12 @@ def parse_args(argv=None, description=__doc__):
     ap.add_argument("--eval-every", type=int, help="evaluate and checkpoint every N steps")
     ap.add_argument("--out",
                     help="run directory (default: runs/TASK-MODEL-PRESET-sSEED, the task tagged "
-                    "with --split, --train-size, --searches, --retrievals and --ood when given)")
+                         "with --split, --train-size, --searches, --retrievals and --ood when "
+                         "given)")
     ap.add_argument("--resume", nargs="?", const=True, default=False, metavar="DIR",
                     help="continue the checkpoint in --out (or DIR) exactly; without "
                          "--task/--model the run's task, model and settings come from the "
-                         "checkpoint (add --steps N "
-                         "to extend it)")
+                         "checkpoint (add --steps N to extend it)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override any setting, e.g. --set d_model=64 --set n_steps=10 --set "
                          "batching=random")
@@ -75,37 +75,36 @@ def parse_args(argv=None, description=__doc__):
                     help="print a markdown table of finished runs (and mean ± std over the seeds "
                          "of one experiment) and exit")
     ap.add_argument("--convert", metavar="DIR",
-                    help="rewrite DIR/checkpoint.pkl of an older minattn as "
-                    "checkpoint.npz and exit (unpickling runs code from the file: only for files "
-                    "you trust)")
+                    help="rewrite DIR/checkpoint.pkl of an older minattn as checkpoint.npz and "
+                         "exit (unpickling runs code from the file: only for files you trust)")
     ap.add_argument("--analyze", action="store_true",
-                    help="print the analysis of the checkpoint in --out "
-                    "and exit (retrieval: the value-score table of paper Fig. 5)")
+                    help="print the analysis of the checkpoint in --out and exit (retrieval: the "
+                         "value-score table of paper Fig. 5)")
     ap.add_argument("--evaluate", action="store_true",
-                    help="evaluate the checkpoint in --out on every split "
-                    "and exit; --set n_steps_eval=N applies a shared-layer encoder N times (also "
-                    "with --plot, --analyze)")
+                    help="evaluate the checkpoint in --out on every split and exit; --set "
+                         "n_steps_eval=N applies a shared-layer encoder N times (also with --plot, "
+                         "--analyze)")
     ap.add_argument("--plot", action="store_true", help="draw what the checkpoint in --out learned "
                     "(attention maps, gates, value scores, relations) and the run's learning "
                     "curves into DIR/plots and exit; PNGs need matplotlib (pip install -e "
                     "'.[plot]'), without it the maps are printed as text")
     ap.add_argument("--plot-dir", metavar="DIR",
-                    help="--plot: write the PNGs to DIR (default: the run's "
-                    "plots/); --report: also draw the runs' learning curves side by side into "
-                    "DIR/learning-curves.png")
+                    help="--plot: write the PNGs to DIR (default: the run's plots/); --report: "
+                         "also draw the runs' learning curves side by side into "
+                         "DIR/learning-curves.png")
     ap.add_argument("--example", action="append", default=[], metavar="TEXT",
-                    help="--plot this input instead of a fixed sample of test examples (repeatable): the "
-                    "task's text, e.g. ctl '101 d a b', lookup '100 t3 t1 .', scan 'jump twice'; "
-                    "object indices for sort, pairwise, set")
+                    help="--plot this input instead of a fixed sample of test examples "
+                         "(repeatable): the task's text, e.g. ctl '101 d a b', lookup '100 t3 t1 "
+                         ".', scan 'jump twice'; object indices for sort, pairwise, set")
     ap.add_argument("--train-size", type=int,
-                    help="sort, pairwise, set, mlu: training samples drawn from "
-                    "the train pool (default: sort 500, pairwise 2015, set 2000, mlu 200000)")
+                    help="sort, pairwise, set, mlu: training samples drawn from the train pool "
+                         "(default: sort 500, pairwise 2015, set 2000, mlu 200000)")
     ap.add_argument("--searches", type=int, help="retrieval: ground-truth searches S (default 2)")
     ap.add_argument("--retrievals", type=int,
                     help="retrieval: ground-truth retrievals R (default 4)")
     ap.add_argument("--ood", action="store_true",
-                    help="retrieval: train on 80%% of the combinations of "
-                    "retrieval choices; ood_l1 is then out of distribution")
+                    help="retrieval: train on 80%% of the combinations of retrieval choices; "
+                         "ood_l1 is then out of distribution")
     return ap.parse_args(argv)
 
 

@@ -227,9 +227,7 @@ def resume_settings(out_dir, task=None, model=None, preset=None):
         if given is not None and given != saved[flag]:
             raise UsageError(f"{out_dir} holds a {saved['task']} / {saved['model']} run "
                              f"({saved['preset']} preset), not --{flag} {given}: a resume "
-                             "continues the run as it is "
-                             f"(drop --{flag}, or "
-                             "choose another --out)")
+                             f"continues the run as it is (drop --{flag}, or choose another --out)")
     saved.pop("device", None)
     return saved
 
@@ -258,9 +256,8 @@ def refuse_unread(cfg, overrides):
     would change nothing: refused (as _refuse_ignored refuses one the model never reads)."""
     for key, (other, value) in CONDITIONAL.items():
         if key in overrides and getattr(cfg.model_config, other, value) != value:
-            raise UsageError(f"--set {key}={overrides[key]}: {key} is read only with "
-                             f"{other}={value} (this run has "
-                             f"{other}={getattr(cfg.model_config, other)}), so it would "
+            raise UsageError(f"--set {key}={overrides[key]}: {key} is read only with {other}={value} "
+                             f"(this run has {other}={getattr(cfg.model_config, other)}), so it would "
                              "change nothing")
 
 

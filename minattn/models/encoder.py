@@ -43,8 +43,7 @@ class EncoderConfig:
     """Hyperparameters of the encoder models (defaults: NDR on CTL, docs/ndr.md §8)."""
     d_model: int = 256             # state size d
     n_head: int = 1                # attention heads H
-    # feed-forward hidden size (4·d_model in every gated-baseline preset)
-    d_ff: int = 512
+    d_ff: int = 512                # feed-forward hidden size (4·d_model in every gated-baseline preset)
     n_steps: int = 14              # applications of the shared layer in training
     n_steps_eval: int = 0          # ... at evaluation (0: same as n_steps; ListOps NDR uses 24)
     dropout: float = 0.5           # attention output, FF hidden and gate hidden dropout

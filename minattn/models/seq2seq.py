@@ -37,10 +37,8 @@ class EncoderDecoderConfig:
     dropout: float = 0.1             # on the embedded inputs and on every FF output
     attention_dropout: float = 0.1   # on the attention weights
     ln_eps: float = 1e-3             # Keras' default
-    # sinusoidal positions: "concat" (sin | cos halves) or "interleaved"
-    pe_layout: str = "concat"
-    # several contexts: "paper" (Alg. 2) or "code" (a full layer per context)
-    decoder_form: str = "paper"
+    pe_layout: str = "concat"        # sinusoidal positions: "concat" (sin | cos halves) or "interleaved"
+    decoder_form: str = "paper"      # several contexts: "paper" (Alg. 2) or "code" (a full layer per context)
     # "keras": the reference code's kernels and zero biases (docs/abstractor.md §5.1)
     init: str = "default"
 
