@@ -70,13 +70,10 @@ def build_twin(torch):
             att = layer.attn
             np_ = lambda p: torch.as_tensor(backend.to_numpy(p.data))
             for name, value in [
-                    ("embedding", enc.embedding.weight), ("w_qkv", att.w_qkv),
-                                ("w_s", att.direction.weight),
-                    ("b_s", att.direction.bias), ("w_o", att.w_o), ("alpha", att.alpha),
-                                ("beta", att.beta),
+                    ("embedding", enc.embedding.weight), ("w_qkv", att.w_qkv), ("w_s", att.direction.weight),
+                    ("b_s", att.direction.bias), ("w_o", att.w_o), ("alpha", att.alpha), ("beta", att.beta),
                     ("gamma", att.gamma), ("w2", layer.ff.fc2.weight), ("b2", layer.ff.fc2.bias),
-                    ("wg", layer.gate.fc2.weight), ("bg", layer.gate.fc2.bias),
-                                ("w_head", model.head.weight),
+                    ("wg", layer.gate.fc2.weight), ("bg", layer.gate.fc2.bias), ("w_head", model.head.weight),
                     ("b_head", model.head.bias)]:
                 getattr(self, name).copy_(np_(value))
             self.b_q.copy_(np_(att.b_q).reshape(-1))

@@ -39,11 +39,9 @@ class MLUOptions(WarmupSchedule):
 # with 16% (both 17% at step 300).
 PAPER = {
     ("mlu", "transformer-seq2seq"): dict(
-        d_model=128, n_head=4, d_head=32, d_ff=512, n_encoder_layers=2, n_decoder_layers=2,
-                                         dropout=0.1,
+        d_model=128, n_head=4, d_head=32, d_ff=512, n_encoder_layers=2, n_decoder_layers=2, dropout=0.1,
         attention_dropout=0.1, ln_eps=1e-5, pe_layout="interleaved", coda_beta=1 / 32 ** 0.5,
-        steps=100_000, batch_size=512, eval_every=5000, eval_batch_size=1000, lr=1e-3,
-                                         weight_decay=0.0,
+        steps=100_000, batch_size=512, eval_every=5000, eval_batch_size=1000, lr=1e-3, weight_decay=0.0,
         grad_clip=0.0, batching="shuffled", train_size=10_800_000, warmup=4000),
 }
 # "cpu" (the default; project choices): the same model, 5,000 steps at batch 128 on 200k distinct

@@ -28,69 +28,56 @@ from .base import Recipe, Selection, example_name, fraction, parse_tokens, plot_
 PAPER = {
     ("ctl", "transformer"): dict(
         d_model=128, d_ff=256, n_head=4, n_steps=11, embedding_init="normal", readout="eos",
-        dropout=0.1, attention_dropout=0.0, gate_dropout=0.0, steps=30_000, batch_size=512,
-                                 eval_every=1000,
+        dropout=0.1, attention_dropout=0.0, gate_dropout=0.0, steps=30_000, batch_size=512, eval_every=1000,
         lr=1.5e-4, weight_decay=0.0025, grad_clip=5.0, batching="random"),
     ("ctl", "transformer-rel"): dict(
         d_model=128, d_ff=256, n_head=4, n_steps=11, embedding_init="kaiming", readout="eos",
-        dropout=0.1, attention_dropout=0.0, gate_dropout=0.0, steps=30_000, batch_size=512,
-                                     eval_every=1000,
+        dropout=0.1, attention_dropout=0.0, gate_dropout=0.0, steps=30_000, batch_size=512, eval_every=1000,
         lr=1.5e-4, weight_decay=0.0025, grad_clip=5.0, batching="random"),
     ("ctl", "transformer-rel-gate"): dict(
         d_model=256, d_ff=1024, n_head=1, n_steps=14, embedding_init="normal", readout="eos",
-        dropout=0.5, attention_dropout=0.1, gate_dropout=0.0, steps=30_000, batch_size=512,
-                                          eval_every=1000,
+        dropout=0.5, attention_dropout=0.1, gate_dropout=0.0, steps=30_000, batch_size=512, eval_every=1000,
         lr=2e-4, weight_decay=0.01, grad_clip=5.0, batching="random"),
     ("ctl", "transformer-absrel-gate"): dict(
         d_model=256, d_ff=1024, n_head=1, n_steps=14, embedding_init="normal", readout="eos",
-        dropout=0.5, attention_dropout=0.1, gate_dropout=0.0, steps=30_000, batch_size=512,
-                                             eval_every=1000,
+        dropout=0.5, attention_dropout=0.1, gate_dropout=0.0, steps=30_000, batch_size=512, eval_every=1000,
         lr=2e-4, weight_decay=0.01, grad_clip=5.0, batching="random"),
     ("ctl", "transformer-geom"): dict(
         d_model=128, d_ff=256, n_head=4, n_steps=11, embedding_init="kaiming", readout="eos",
-        dropout=0.1, attention_dropout=0.0, gate_dropout=0.0, steps=30_000, batch_size=512,
-                                      eval_every=1000,
+        dropout=0.1, attention_dropout=0.0, gate_dropout=0.0, steps=30_000, batch_size=512, eval_every=1000,
         lr=1.5e-4, weight_decay=0.0025, grad_clip=5.0, batching="random"),
     ("ctl", "ndr"): dict(
         d_model=256, d_ff=512, n_head=1, n_steps=14, embedding_init="normal", readout="eos",
-        dropout=0.5, attention_dropout=0.1, gate_dropout=0.1, steps=30_000, batch_size=512,
-                         eval_every=1000,
+        dropout=0.5, attention_dropout=0.1, gate_dropout=0.1, steps=30_000, batch_size=512, eval_every=1000,
         lr=1.5e-4, weight_decay=0.01, grad_clip=5.0, batching="bucketed"),
     ("ctl", "transformer-compositional"): dict(
         d_model=128, d_ff=256, n_head=4, n_steps=11, embedding_init="normal", readout="eos",
-        dropout=0.1, attention_dropout=0.0, gate_dropout=0.0, steps=30_000, batch_size=512,
-                                               eval_every=1000,
+        dropout=0.1, attention_dropout=0.0, gate_dropout=0.0, steps=30_000, batch_size=512, eval_every=1000,
         lr=1.5e-4, weight_decay=0.0025, grad_clip=5.0, batching="random"),
     # arithmetic
     ("arith", "transformer"): dict(
         d_model=128, d_ff=256, n_head=4, n_steps=11, embedding_init="normal", readout="sos",
-        dropout=0.5, attention_dropout=0.1, gate_dropout=0.0, steps=200_000, batch_size=512,
-                                   eval_every=1000,
+        dropout=0.5, attention_dropout=0.1, gate_dropout=0.0, steps=200_000, batch_size=512, eval_every=1000,
         lr=1.5e-4, weight_decay=0.0025, grad_clip=1.0, batching="bucketed"),
     ("arith", "transformer-rel"): dict(
         d_model=128, d_ff=256, n_head=4, n_steps=11, embedding_init="kaiming", readout="sos",
-        dropout=0.5, attention_dropout=0.1, gate_dropout=0.0, steps=200_000, batch_size=512,
-                                       eval_every=1000,
+        dropout=0.5, attention_dropout=0.1, gate_dropout=0.0, steps=200_000, batch_size=512, eval_every=1000,
         lr=1.5e-4, weight_decay=0.0025, grad_clip=1.0, batching="bucketed"),
     ("arith", "transformer-rel-gate"): dict(
         d_model=256, d_ff=1024, n_head=4, n_steps=15, embedding_init="normal", readout="eos",
-        dropout=0.5, attention_dropout=0.1, gate_dropout=0.1, steps=100_000, batch_size=512,
-                                            eval_every=1000,
+        dropout=0.5, attention_dropout=0.1, gate_dropout=0.1, steps=100_000, batch_size=512, eval_every=1000,
         lr=1.5e-4, weight_decay=0.01, grad_clip=1.0, batching="bucketed"),
     ("arith", "transformer-absrel-gate"): dict(
         d_model=256, d_ff=1024, n_head=4, n_steps=15, embedding_init="normal", readout="eos",
-        dropout=0.5, attention_dropout=0.1, gate_dropout=0.1, steps=100_000, batch_size=512,
-                                               eval_every=1000,
+        dropout=0.5, attention_dropout=0.1, gate_dropout=0.1, steps=100_000, batch_size=512, eval_every=1000,
         lr=1.5e-4, weight_decay=0.01, grad_clip=1.0, batching="bucketed"),
     ("arith", "transformer-geom"): dict(
         d_model=128, d_ff=256, n_head=4, n_steps=11, embedding_init="kaiming", readout="eos",
-        dropout=0.5, attention_dropout=0.1, gate_dropout=0.0, steps=200_000, batch_size=512,
-                                        eval_every=1000,
+        dropout=0.5, attention_dropout=0.1, gate_dropout=0.0, steps=200_000, batch_size=512, eval_every=1000,
         lr=1.5e-4, weight_decay=0.0025, grad_clip=1.0, batching="bucketed"),
     ("arith", "ndr"): dict(
         d_model=256, d_ff=1024, n_head=4, n_steps=15, embedding_init="normal", readout="eos",
-        dropout=0.5, attention_dropout=0.1, gate_dropout=0.1, steps=100_000, batch_size=512,
-                           eval_every=1000,
+        dropout=0.5, attention_dropout=0.1, gate_dropout=0.1, steps=100_000, batch_size=512, eval_every=1000,
         lr=1.5e-4, weight_decay=0.01, grad_clip=1.0, batching="bucketed"),
     ("arith", "transformer-compositional"): dict(
         d_model=128, d_ff=256, n_head=4, n_steps=11, embedding_init="normal", readout="eos",
@@ -107,8 +94,7 @@ PAPER = {
         eval_every=1000, lr=4e-4, weight_decay=0.05, grad_clip=1.0, batching="bucketed"),
     ("listops", "transformer-rel-gate"): dict(
         d_model=512, d_ff=2048, n_head=16, n_steps=20, embedding_init="normal", readout="sos",
-        dropout=0.1, attention_dropout=0.1, gate_dropout=0.05, steps=100_000, batch_size=512,
-                                              eval_every=1000,
+        dropout=0.1, attention_dropout=0.1, gate_dropout=0.05, steps=100_000, batch_size=512, eval_every=1000,
         lr=2e-4, weight_decay=0.09, grad_clip=1.0, batching="bucketed"),
     ("listops", "transformer-absrel-gate"): dict(
         d_model=512, d_ff=2048, n_head=16, n_steps=20, embedding_init="normal", readout="sos",
@@ -120,8 +106,7 @@ PAPER = {
         eval_every=1000, lr=4e-4, weight_decay=0.05, grad_clip=1.0, batching="bucketed"),
     ("listops", "ndr"): dict(
         d_model=512, d_ff=1024, n_head=16, n_steps=20, n_steps_eval=24, embedding_init="normal",
-        readout="sos", dropout=0.1, attention_dropout=0.1, gate_dropout=0.05, steps=100_000,
-                             batch_size=512,
+        readout="sos", dropout=0.1, attention_dropout=0.1, gate_dropout=0.05, steps=100_000, batch_size=512,
         eval_every=1000, lr=2e-4, weight_decay=0.09, grad_clip=1.0, batching="bucketed"),
     ("listops", "transformer-compositional"): dict(
         d_model=256, d_ff=1024, n_head=16, n_steps=6, embedding_init="normal", readout="sos",
