@@ -10,13 +10,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _imported_modules(path):
+    """Every module a file imports, relative imports resolved (``from ..lab import viz`` in
+    minattn/attention/x.py is minattn.lab and minattn.lab.viz)."""
+    package = os.path.relpath(path, ROOT).split(os.sep)[:-1]
     with open(path) as f:
         tree = ast.parse(f.read(), path)
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             yield from (a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0:
-            yield node.module
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[:len(package) - node.level + 1] + [node.module or ""] if node.level
+                            else [node.module]).strip(".")
+            yield base
+            yield from (f"{base}.{a.name}" for a in node.names)
 
 
 def test_nothing_in_the_package_imports_the_top_level_scripts():
@@ -83,30 +89,9 @@ def test_the_core_does_not_import_the_annex():
         parts = rel.split(os.sep)
         if parts[0] != "minattn" or parts[1] in ("fast", "lab", "tools", "__init__.py"):
             continue   # the tools (the counter, gpucheck) switch the annex's forms on and off
-        with open(path) as f:
-            tree = ast.parse(f.read(), path)
-        for node in ast.walk(tree):
-            names = ([node.module or ""] + [a.name for a in node.names] if isinstance(node, ast.ImportFrom)
-                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
-            if any(n == "fast" or n.startswith("fast.") or n.startswith("minattn.fast") for n in names):
-                offenders.append(rel)
+        if any(m == "minattn.fast" or m.startswith("minattn.fast.") for m in _imported_modules(path)):
+            offenders.append(rel)
     assert not offenders, offenders
-
-
-def _absolute_imports(path):
-    """Every module a file imports, relative imports resolved (``from ..lab import viz`` in
-    minattn/attention/x.py is minattn.lab and minattn.lab.viz)."""
-    package = os.path.relpath(path, ROOT).split(os.sep)[:-1]
-    with open(path) as f:
-        tree = ast.parse(f.read(), path)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            yield from (a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = ".".join(package[:len(package) - node.level + 1] + [node.module or ""] if node.level
-                            else [node.module]).strip(".")
-            yield base
-            yield from (f"{base}.{a.name}" for a in node.names)
 
 
 def test_the_library_does_not_import_the_lab_or_the_tools():
@@ -116,7 +101,7 @@ def test_the_library_does_not_import_the_lab_or_the_tools():
     for path in _sources():
         parts = os.path.relpath(path, ROOT).split(os.sep)
         if parts[0] == "minattn" and parts[1] not in ("lab", "tools"):
-            offenders |= {f"{'/'.join(parts)} imports {m}" for m in _absolute_imports(path)
+            offenders |= {f"{'/'.join(parts)} imports {m}" for m in _imported_modules(path)
                           if m.startswith(("minattn.lab", "minattn.tools"))}
     assert not offenders, sorted(offenders)
 
@@ -136,7 +121,7 @@ def test_the_annex_imports_only_the_core():
     for path in _sources():
         parts = os.path.relpath(path, ROOT).split(os.sep)
         if parts[:2] == ["minattn", "fast"] and "geometric" not in parts[2]:
-            offenders |= {f"{'/'.join(parts)} imports {m}" for m in _absolute_imports(path) if m.startswith(above)}
+            offenders |= {f"{'/'.join(parts)} imports {m}" for m in _imported_modules(path) if m.startswith(above)}
     assert not offenders, sorted(offenders)
 
 
