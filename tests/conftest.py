@@ -1,4 +1,7 @@
+import contextlib
 import os
+import signal
+import time
 
 import pytest
 
@@ -26,3 +29,40 @@ def device(request):
     if request.param == "gpu":
         _skip_or_fail_without_gpu()
     return request.param
+
+
+# --- one time limit per test ------------------------------------------------------------------------------
+# A regressed guard (a generator that never stops drawing, a lock never released) must fail its own test, by
+# name, rather than hang the suite. SIGALRM interrupts the test's main thread as pytest-timeout's "signal"
+# method does, with no dependency. `@pytest.mark.time_limit(s)` sets a test's own limit.
+TIME_LIMIT = {"default": 300, "slow": 3600}   # seconds; generous for a loaded 2-core machine
+
+
+@contextlib.contextmanager
+def time_limit(seconds, name):
+    """Fail the block with ``name`` once it has run ``seconds`` (wall clock)."""
+    def expired(signum, frame):
+        pytest.fail(f"{name} ran over its time limit of {seconds} s", pytrace=False)
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds)   # an enclosing limit's time left, or 0
+    start = time.monotonic()
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if outer:   # a block inside a test: the test's own limit runs on
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - start), 1e-3))
+
+
+@pytest.fixture(autouse=True)
+def _time_limit(request):
+    mark = request.node.get_closest_marker("time_limit")
+    slow = request.node.get_closest_marker("slow") is not None
+    seconds = mark.args[0] if mark else TIME_LIMIT["slow" if slow else "default"]
+    if not hasattr(signal, "SIGALRM"):   # Windows has no alarm signal: the suite runs unguarded there
+        yield
+        return
+    with time_limit(seconds, request.node.nodeid):
+        yield
