@@ -43,9 +43,13 @@ def _option(text: str):
     return key, value
 
 
+MAX_COUNT = 10_000_000   # ten times the largest split a paper draws (ListOps' 1,000,000 training examples)
+
+
 def _typed(key, text, default):
     """--set KEY=TEXT as the type of the option's default. A count must be ≥ 1 (a size of -1 or a max_length
-    of 0 is no task: its generator would never end), a number finite and ≥ 0."""
+    of 0 is no task: its generator would never end) and at most MAX_COUNT (a trillion examples would be
+    drawn for days without a line of output), a number finite and ≥ 0."""
     kind = type(default)
     if kind is bool:
         if text.lower() not in ("true", "false", "1", "0"):
@@ -58,8 +62,8 @@ def _typed(key, text, default):
     except ValueError:
         expected = "an integer" if kind is int else "a number"
         raise ValueError(f"--set {key}={text}: expected {expected}") from None
-    if kind is int and value < 1:
-        raise ValueError(f"--set {key}={text}: expected an integer ≥ 1")
+    if kind is int and not 1 <= value <= MAX_COUNT:
+        raise ValueError(f"--set {key}={text}: expected an integer from 1 to {MAX_COUNT:,}")
     if kind is float and not 0 <= value < math.inf:
         raise ValueError(f"--set {key}={text}: expected a finite number ≥ 0")
     return value

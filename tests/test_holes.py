@@ -192,8 +192,9 @@ def test_recipe_config_names_a_bad_name(args, message):
 @pytest.mark.parametrize("setting,message", [
     ("n_train=abc", "--set n_train=abc: expected an integer"),
     ("n_train=1.5", "--set n_train=1.5: expected an integer"),
-    ("n_train=-1", "--set n_train=-1: expected an integer ≥ 1"),
-    ("max_length=0", "--set max_length=0: expected an integer ≥ 1"),
+    ("n_train=-1", "--set n_train=-1: expected an integer from 1 to 10,000,000"),
+    ("max_length=0", "--set max_length=0: expected an integer from 1 to 10,000,000"),
+    ("n_train=1000000000000", "--set n_train=1000000000000: expected an integer from 1 to 10,000,000"),
 ])
 def test_tasks_set_values_are_typed_and_checked(setting, message, tmp_path, capsys):
     assert tasks.main(["stats", "--task", "arith", "--cache-dir", str(tmp_path), "--set", setting]) == 2
