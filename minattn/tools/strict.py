@@ -139,7 +139,7 @@ class StrictArray:
             kwargs["out"] = tuple(_unwrap(o) for o in kwargs["out"])
         inputs = _unwrap(inputs)
         self._launch(1, ufunc.__name__ + ("" if method == "__call__" else "." + method))
-        if ufunc is np.matmul and method == "__call__" and self.counter is not None:
+        if ufunc is np.matmul and method == "__call__":
             self._launch(_operand_copies(*inputs), "matmul operand copy")
         r = getattr(ufunc, method)(*inputs, **kwargs)
         return None if method == "at" else self._wrap(r)
