@@ -6,8 +6,7 @@ import time
 import pytest
 
 from minattn import backend
-
-from . import strict  # noqa: F401  (registers the "strict" test device)
+from minattn.tools import strict  # noqa: F401  (registers the "strict" test device)
 
 REQUIRE_GPU = os.environ.get("MINATTN_REQUIRE_GPU") == "1"
 

@@ -12,7 +12,7 @@ import pytest
 from minattn import backend
 from minattn.engine import Tensor
 
-from .strict import HostConversionError, StrictArray
+from minattn.tools.strict import HostConversionError, StrictArray
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
