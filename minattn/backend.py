@@ -3,7 +3,7 @@
 This is the ONLY module of minattn that imports cupy. Everything else asks it for the array
 module of some data (``array_module(x)``) and writes ``xp.exp(x)``, so the same code runs on both
 devices. Devices are named "cpu" and "gpu"; tests may register extra ones (see
-``tests/strict.py``, a device whose arrays refuse implicit host conversion, as CuPy's do).
+``minattn/tools/strict.py``, a device whose arrays refuse implicit host conversion, as CuPy's do).
 
 Randomness is explicit: an ``RNG`` draws on the device of the data it makes, from a seed, and can be
 forked into independent streams (one per module) or reseeded in place (one stream per training step,

@@ -62,7 +62,7 @@ TESTS = {
     "minattn/nn.py": DEFS + ["tests/test_nn_optim.py", "tests/test_engine.py"] + GRAD + ["tests/test_plain_vs_fast.py"],
     "minattn/optim.py": ["tests/test_nn_optim.py", "tests/test_launches.py", "tests/test_train.py",
                          "tests/test_plain_vs_fast.py"],
-    # the annex: most of it acts off NumPy only, which the strict device of tests/strict.py is
+    # the annex: most of it acts off NumPy only, which the strict device of minattn/tools/strict.py is
     "minattn/fast/flat.py": ["tests/test_launches.py", "tests/test_nn_optim.py", "tests/test_train.py",
                              "tests/test_plain_vs_fast.py"],   # its own tests (strict device) come first
     # (value tests first, then test_launches, whose launch budgets also fail when a mutant adds or drops an

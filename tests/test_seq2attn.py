@@ -177,7 +177,7 @@ def test_a_200_step_unroll_backpropagates_without_recursion():
 
 
 def test_the_model_runs_on_the_strict_device():
-    """The strict device refuses implicit host conversion, as CuPy does (tests/strict.py)."""
+    """The strict device refuses implicit host conversion, as CuPy does (minattn/tools/strict.py)."""
     model = tiny(teacher_forcing=0.5).to("strict").set_rng(backend.RNG(0, "strict"))
     src, src_len, tgt, tgt_len = (backend.to_device(a, "strict") for a in batch(np.random.default_rng(0)))
     model.loss(src, src_len, tgt, tgt_len).backward()
