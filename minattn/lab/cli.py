@@ -325,9 +325,9 @@ def evaluate_checkpoint(out_dir, device="cpu", settings=()):
 
 def plot(out_dir, device="cpu", texts=(), task=None, model=None, settings=(), plot_dir=None):
     """Pictures of what the checkpoint in out_dir learned (minattn/lab/viz.py) as PNGs in
-    ``plot_dir`` (default out_dir/plots), or as terminal heatmaps without matplotlib; returns the
-    paths written. ``texts``: inputs to show instead of the test examples; ``task``/``model``, when
-    given, must be the checkpoint's."""
+    ``plot_dir`` (default out_dir/plots); returns the paths written. ``texts``: inputs to show
+    instead of the test examples; ``task``/``model``, when given, must be the checkpoint's."""
+    viz.require_matplotlib("--plot")   # before the checkpoint is read
     if any(not t.strip() for t in texts):
         raise UsageError("--example is empty: give the input to draw, e.g. --example '101 d a b'")
     default_dir, plot_dir = plot_dir is None, plot_dir or os.path.join(out_dir, "plots")
@@ -344,7 +344,7 @@ def plot(out_dir, device="cpu", texts=(), task=None, model=None, settings=(), pl
         pictures = recipe.plot_examples(net, list(texts))
     pictures += run_curves(out_dir)   # metrics.jsonl against the step, the selected step marked
     writes_into = plot_dir if os.path.isdir(plot_dir) else out_dir
-    if default_dir and viz.have_matplotlib() and not writable(writes_into):
+    if default_dir and not writable(writes_into):
         raise UsageError(f"cannot write the pictures into {plot_dir} (read-only): choose "
                          "--plot-dir DIR")
     paths = viz.write_pictures(pictures, plot_dir)

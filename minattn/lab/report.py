@@ -107,6 +107,8 @@ def report(paths, plot_dir=None):
     often it is listed or copied: runs with one configuration (seed included; device aside) are one run, as
     training is deterministic. ``plot_dir``: also draw the listed runs' learning curves side by side into
     plot_dir/learning-curves.png; returns the paths written."""
+    if plot_dir is not None:
+        viz.require_matplotlib("--report --plot-dir")   # before the tables are printed
     rows, curves, groups, seen, drawn = [], [], {}, {}, []
     for d in paths:
         try:
