@@ -119,11 +119,6 @@ def setting_types(task, model=None):
             for k, t in types.items()}
 
 
-# settings a model reads only under another setting's value: the Abstractor's symbols (symbolic
-# attention)
-CONDITIONAL = {"n_library": ("symbols", "symbolic")}
-
-
 def _bool(text):
     if text.lower() not in ("true", "false", "1", "0"):
         raise ValueError(text)
@@ -165,19 +160,58 @@ def parse_settings(items, task, model, allowed=None):
             raise UsageError(f"--set {item}: a trained run takes only "
                              f"{', '.join(k + '=N' for k in allowed)}")
         settings[key] = _parse_value(key, value, task, model, allowed)
-        _refuse_ignored(key, item, task, model)
     return settings
 
 
-def _refuse_ignored(key, item, task, model):
-    """A setting the model never reads would change nothing: refused, naming the models that do read
-    it."""
-    recipe = recipe_for(task)
-    if model in recipe.models and key in recipe.ignored_settings(model):
-        readers = [m for m in recipe.models if key in fields(recipe.model_config_class(m))
-                   and key not in recipe.ignored_settings(m)]
-        raise UsageError(f"--set {item}: {model} does not use {key}, so it would change nothing"
-                         + (f" (the models that do: {', '.join(readers)})" if readers else ""))
+# --- what --set refuses because the model would not read it ---------------------------------------
+
+# The settings of its config that a model never reads, by model: a --set of one would change nothing,
+# so it is refused (tests/test_ignored_settings.py holds this table to what the model code reads).
+NO_GATE = ("gate_dropout",)                        # the post-LN layer has no copy gate to drop out
+NOT_COMPOSITIONAL = ("n_search", "n_retrieval")    # read by compositional attention only
+NO_ATTENTION_DROPOUT = ("attention_dropout",)      # as the official plain MHA (docs/ndr.md §4.1)
+UNREAD = {
+    # the NDR paper's encoders (models/encoder.py)
+    "transformer": NO_ATTENTION_DROPOUT + NO_GATE + NOT_COMPOSITIONAL,
+    "transformer-rel": NO_GATE + NOT_COMPOSITIONAL,
+    "transformer-rel-gate": NOT_COMPOSITIONAL,
+    "transformer-absrel-gate": NOT_COMPOSITIONAL,
+    "transformer-geom": NO_GATE + NOT_COMPOSITIONAL,
+    "ndr": NOT_COMPOSITIONAL,
+    "transformer-compositional": NO_ATTENTION_DROPOUT + NO_GATE,
+    "transformer-coda": NO_ATTENTION_DROPOUT + NO_GATE + NOT_COMPOSITIONAL,
+    # the CRT (models/compositional.py)
+    "mha": ("separate",),
+    "compositional": ("n_head",),
+    "compositional-mlp": ("n_head",),
+    # sorting (models/abstractor.py): the ablation's relational cross-attention is plain cross-attention
+    "abstractor-ablation": ("activation", "symmetric", "rca_scale"),
+    # sorting and MLU (models/seq2seq.py): the plain encoder–decoder reads EncoderDecoderConfig's fields
+    # only, not those of the Abstractor (sort) or CoDA (mlu)
+    "transformer-seq2seq": ("n_abstractor_layers", "architecture", "activation", "symmetric", "rca_scale",
+                            "symbols", "max_len", "n_library", "add_pe", "symbol_self_attention",
+                            "rca_residual", "attend_a1", "coda_alpha", "coda_beta", "coda_gate",
+                            "coda_center_e", "coda_scale", "coda_composition"),
+}
+# settings a model reads only under another setting's value: the Abstractor's symbols (symbolic
+# attention)
+CONDITIONAL = {"n_library": ("symbols", "symbolic")}
+
+
+def refuse_unread(cfg, sets):
+    """A --set that the run's model would not read (``UNREAD``; ``CONDITIONAL`` without its other
+    setting's value) changes nothing: refused, naming the models that do read it."""
+    recipe = recipe_for(cfg.task)
+    for key, value in sets.items():
+        if key in UNREAD.get(cfg.model, ()):
+            readers = [m for m in recipe.models if key in fields(recipe.model_config_class(m))
+                       and key not in UNREAD.get(m, ())]
+            raise UsageError(f"--set {key}={value}: {cfg.model} does not use {key}, so it would change "
+                             "nothing" + (f" (the models that do: {', '.join(readers)})" if readers else ""))
+        other, needed = CONDITIONAL.get(key, (None, None))
+        if other and getattr(cfg.model_config, other) != needed:
+            raise UsageError(f"--set {key}={value}: {key} is read only with {other}={needed} (this run "
+                             f"has {other}={getattr(cfg.model_config, other)}), so it would change nothing")
 
 
 def saved_settings(ckpt, path):
@@ -249,16 +283,6 @@ def resume_device(out_dir, given=None):
             raise UsageError(f"{e}; the run in {out_dir} was trained on the GPU: --device cpu "
                              "continues it on the CPU") from None
     return device
-
-
-def refuse_unread(cfg, overrides):
-    """A --set setting that the model reads only under another setting's value, given without it,
-    would change nothing: refused (as _refuse_ignored refuses one the model never reads)."""
-    for key, (other, value) in CONDITIONAL.items():
-        if key in overrides and getattr(cfg.model_config, other, value) != value:
-            raise UsageError(f"--set {key}={overrides[key]}: {key} is read only with {other}={value} "
-                             f"(this run has {other}={getattr(cfg.model_config, other)}), so it would "
-                             "change nothing")
 
 
 def path_flags():
