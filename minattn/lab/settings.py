@@ -125,41 +125,34 @@ def _bool(text):
     return text.lower() in ("true", "1")
 
 
-_EXPECTED = {"int": "an integer", "float": "a number", "bool": "true or false"}
-
-
-def _parse_value(key, text, task, model=None, allowed=None):
-    """--set values take the type of the field they override (in the model's own config when it is
-    known)."""
-    types = setting_types(task, model)
-    kind = types.get(key)
-    if kind is None and allowed is not None:   # a trained run: name only what it takes
-        raise UsageError(f"{task} / {model} has no {key}; a trained run of it takes: "
-                         f"{', '.join(k for k in allowed if k in types) or 'no --set'}")
-    if kind is None:
-        raise UsageError(f"unknown setting {key!r} in --set; valid: {', '.join(sorted(types))}")
-    kind = kind.__name__
-    try:
-        return {"int": int, "float": float, "str": str, "bool": _bool}.get(kind, str)(text)
-    except ValueError:
-        raise UsageError(f"--set {key}={text}: expected {_EXPECTED.get(kind, kind)}") from None
+# how --set reads a value of each type, and what one looks like
+PARSE = {int: int, float: float, bool: _bool, str: str}
+EXPECTED = {int: "an integer", float: "a number", bool: "true or false", str: "text"}
 
 
 def parse_settings(items, task, model, allowed=None):
-    """--set KEY=VALUE strings → {key: typed value}. ``allowed``: the only keys taken (a trained
-    run's)."""
-    settings = {}
+    """--set KEY=VALUE strings → {key: value of the setting's type}. ``allowed``: the only keys taken
+    (a trained run's)."""
+    types, settings = setting_types(task, model), {}
     for item in items:
-        key, eq, value = item.partition("=")
+        key, eq, text = item.partition("=")
         if not eq:
             raise UsageError(f"--set expects KEY=VALUE, got {item!r}")
         # they choose the settings --set changes, or where
         if key in ("task", "model", "preset", "device"):
-            raise UsageError(f"--set {item}: use --{key} {value} instead")
+            raise UsageError(f"--set {item}: use --{key} {text} instead")
         if allowed is not None and key not in allowed:
             raise UsageError(f"--set {item}: a trained run takes only "
                              f"{', '.join(k + '=N' for k in allowed)}")
-        settings[key] = _parse_value(key, value, task, model, allowed)
+        if key not in types and allowed is not None:   # a trained run: name only what it takes
+            raise UsageError(f"{task} / {model} has no {key}; a trained run of it takes: "
+                             f"{', '.join(k for k in allowed if k in types) or 'no --set'}")
+        if key not in types:
+            raise UsageError(f"unknown setting {key!r} in --set; valid: {', '.join(sorted(types))}")
+        try:
+            settings[key] = PARSE[types[key]](text)
+        except ValueError:
+            raise UsageError(f"--set {item}: expected {EXPECTED[types[key]]}") from None
     return settings
 
 
@@ -228,9 +221,8 @@ def saved_settings(ckpt, path):
         if kind is None and key not in ("task", "model", "preset"):
             raise Corrupted(f"checkpoint {path} is corrupted (config.{key}: no such setting)")
         if kind is not None and value is not None and not ok[kind](value):
-            what = {int: "an integer", float: "a number", bool: "true or false", str: "text"}[kind]
-            raise Corrupted(f"checkpoint {path} is corrupted (config.{key}: expected {what}, got "
-                            f"{value!r:.40})")
+            raise Corrupted(f"checkpoint {path} is corrupted (config.{key}: expected "
+                            f"{EXPECTED[kind]}, got {value!r:.40})")
     loops = [k for k in LOOPS if _int(flat.get(k)) and flat[k] > MAX_LOOPS]
     if loops:
         raise Corrupted(f"checkpoint {path} is corrupted (config.{loops[0]}: {flat[loops[0]]}, "
