@@ -53,7 +53,7 @@ def test_train_py_stays_the_loop():
     assert "tasks" not in set(_imported_modules(os.path.join(ROOT, "train.py")))
 
 
-# --- the core a student reads in one sitting (issue 33) -------------------------------------------------
+# --- the core a student reads in one sitting ---------------------------------------------------------------
 BACKWARD_BUDGET = 45     # lines of Tensor.backward, docstring included (micrograd's is 17, tinygrad's 34)
 FILE_BUDGET = 700        # lines of any source file: a longer one is probably doing two jobs
 

@@ -260,7 +260,7 @@ def resume_settings(out_dir, task=None, model=None, preset=None):
 
 def resume_device(out_dir, given=None):
     """The device a --resume of out_dir runs on: ``given`` (--device), else the run's own, so that a
-    GPU run continues on the GPU (on the CPU it would be ~10× slower and not bit for bit); where
+    GPU run continues on the GPU (on the CPU it would be much slower and not bit for bit); where
     there is no GPU, the error says how to move it. A directory without a checkpoint is left to the
     resume's own check."""
     path = os.path.join(out_dir, CHECKPOINT)
