@@ -19,8 +19,8 @@ from .rundir import CHECKPOINT, Corrupted, _int, _number, _read_npz, open_regula
 
 # the fields of results.json the report reads, and their types
 REPORT_FIELDS = {"task": str, "model": str, "preset": str, "seed": int, "steps": int, "metrics": dict,
-                 "best_step": (int, type(None)), "wall_s": (int, float), "ms_per_step": (int, float, type(None)),
-                 "config": dict}
+                 "best_step": (int, type(None)), "wall_s": (int, float),
+                 "ms_per_step": (int, float, type(None)), "config": dict}
 
 
 def finished_run(d):
