@@ -17,7 +17,8 @@ modes that read a trained run are minattn/lab/cli.py, the settings by name minat
 the run directory's files minattn/lab/rundir.py.
 
 Model selection is each task's ``Selection`` (minattn/lab/recipes/base.py), e.g. the NDR paper's
-(docs/ndr.md §6): "test" at the evaluation with the best "valid" accuracy, ties to the later one.
+(docs/ndr.md §6): "iid" at the end of training, "test" at the evaluation with the best "valid"
+accuracy (ties go to the later one); results.json holds the metrics the recipe's evaluate() returns.
 
 Randomness: parameters are initialised from ``--seed``; the data order comes from a NumPy generator
 seeded from it; the dropout masks of step k from ``RNG(seed).reseed(k)``. So ``--resume`` replays
