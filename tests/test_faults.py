@@ -478,7 +478,7 @@ def test_a_full_disk_names_the_file_and_the_hint_is_shell_quoted(tmp_path, capsy
 
 def test_plot_of_a_read_only_run_can_write_elsewhere(fresh, tmp_path, capsys, monkeypatch):
     written = []
-    monkeypatch.setattr(viz, "have_matplotlib", lambda: True)
+    monkeypatch.setattr(viz, "require_matplotlib", lambda flag: None)
     monkeypatch.setattr(viz, "write_pictures", lambda pictures, d: written.append(d) or [])
     monkeypatch.setattr(train.os, "access", lambda path, mode: not str(path).startswith(fresh))   # read-only run
     code, err = run(["--plot", "--out", fresh], capsys)

@@ -12,7 +12,7 @@ import pytest
 
 import tasks
 import train
-from minattn.lab import cli, viz
+from minattn.lab import cli
 from minattn.lab.recipes.base import example_name, sample_name
 
 from .test_train import ROOT, TINY, ctl_generated, run  # noqa: F401 (ctl_generated: an autouse fixture)
@@ -224,12 +224,6 @@ def test_generating_a_task_says_so_on_stderr(tmp_path, capsys):
     assert "generating arith" in capsys.readouterr().err
     tasks.get_task("arith", cache_dir=str(tmp_path), n_train=40, n_iid=4, n_valid=2, n_test=2)
     assert "generating" not in capsys.readouterr().err                  # cached: silent
-
-
-def test_text_heatmap_labels_are_whole_and_the_gate_scale_is_explained():
-    text = viz.text_heatmap(np.eye(2), ["a", "b"], ["retrieval 0", "retrieval 1"], 0, 1, "1: open")
-    columns = ["".join(line.ljust(5)[2 + 2 * i] for line in text.splitlines()[:11]) for i in range(2)]
-    assert columns == ["retrieval 0", "retrieval 1"] and text.endswith("(1: open)")
 
 
 def test_png_names_are_zero_padded_and_each_example_has_its_own():

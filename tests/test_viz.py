@@ -1,9 +1,10 @@
-"""Pictures (minattn/lab/viz.py and train.py --plot): what the collectors take from each model, the terminal
-renderer's exact output, PNGs of the expected size (skipped without matplotlib), the text fallback when
-matplotlib is missing, and the command's errors. Every model here is tiny: the file runs in seconds."""
+"""Pictures (minattn/lab/viz.py and train.py --plot): what the collectors take from each model, PNGs of the
+expected size (skipped without matplotlib), one line and exit 2 for --plot when matplotlib is missing (training
+never needs it), and the command's errors. Every model here is tiny: the file runs in seconds."""
 import json
 import os
 import struct
+import subprocess
 import sys
 
 import numpy as np
@@ -15,7 +16,8 @@ from minattn.models import abstractor, compositional, seq2attn
 from minattn.models.encoder import Classifier, EncoderConfig
 from minattn.models.seq2seq import CoDASeq2SeqTransformer, EncoderDecoderConfig
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 import tasks  # noqa: E402
 import train  # noqa: E402
 from minattn.lab import recipes, report  # noqa: E402
@@ -231,35 +233,6 @@ def test_token_labels_must_match_the_input():
         viz.encoder_pictures(encoder("ndr", "cpu"), np.array([[6, 0, 1, 2, 5]]), np.array([5]), TOKENS[:4], "t")
 
 
-# --- the terminal renderer -------------------------------------------------------------------------------------
-
-def test_text_heatmap_exact_output():
-    text = viz.text_heatmap(np.array([[0.0, 0.5], [1.0, np.nan]]), ["a", "bb"], ["x", "yz"], 0, 1)
-    assert text == ("   x y\n"
-                    "     z\n"
-                    " a ··▒▒\n"
-                    "bb ██  \n"
-                    "   · 0 … █ 1")
-
-
-def test_text_bars_exact_output():
-    assert viz.text_bars([2.0, -1.0], ["τ1", "τ2"], width=4) == "τ1 ████ 2\nτ2 ██   -1"
-
-
-def test_render_text_puts_panels_side_by_side_as_width_allows():
-    panel = viz.Panel(np.eye(2), "p", rows=["r", "s"], cols=["c", "d"], vmin=0, vmax=1)
-    picture = viz.Picture("n", "a title\nsecond line", [panel, panel])
-    wide, narrow = viz.render_text(picture, width=80), viz.render_text(picture, width=10)
-    # each block is as wide as its widest line (the scale, 11 characters), then a gap of 3
-    assert wide.splitlines() == ["== a title — second line ==",
-                                 "-- p --" + " " * 7 + "-- p --",
-                                 "  c d" + " " * 9 + "  c d",
-                                 "r ██··" + " " * 8 + "r ██··",
-                                 "s ··██" + " " * 8 + "s ··██",
-                                 "  · 0 … █ 1" + " " * 3 + "  · 0 … █ 1"]
-    assert narrow.count("-- p --") == 2 and len(narrow.splitlines()) == 2 * len(wide.splitlines())
-
-
 # --- learning curves (viz.learning_curves; report.run_curves and report(…, plot_dir) read run directories) ---
 
 # two runs' logs: the first has a diverged last evaluation (a loss, no metrics), the second other steps
@@ -282,12 +255,6 @@ def test_learning_curves_hold_the_logs_points_and_mark_the_selected_steps():
             assert got == {e["step"]: e[key] for e in log if e.get(key) is not None}, key
     train_loss, valid = picture.panels[:2]
     assert (train_loss.vmin, train_loss.vmax) == (None, None) and (valid.vmin, valid.vmax) == (0, 1)
-
-
-def test_text_curves_exact_output():
-    text = viz.text_curves([[0.0, 0.5, np.nan, 1.0]], [1, 2, 3, 4], ["run"], [2], 0, 1)
-    assert text == ("run ▁▅ █ 0 → 1; selected: step 2, 0.5\n"
-                    "    steps 1…4")
 
 
 def write_run(d, log, best_step, task="ctl", seed=0):
@@ -332,6 +299,7 @@ def test_report_draws_the_runs_curves_side_by_side(tmp_path, capsys):
 
 def test_plot_draws_the_runs_learning_curves(pairwise_run, tmp_path, capsys):
     """--plot of a trained run: its curves are its metrics.jsonl, the mark its results.json's best_step."""
+    pytest.importorskip("matplotlib")
     pics = str(tmp_path / "pics")
     assert train.main(["--plot", "--out", pairwise_run, "--example", "5 41", "--plot-dir", pics]) == 0
     with open(os.path.join(pairwise_run, "results.json")) as f:
@@ -342,8 +310,7 @@ def test_plot_draws_the_runs_learning_curves(pairwise_run, tmp_path, capsys):
     for panel in picture.panels:
         assert panel.cols == [e["step"] for e in log] and panel.marks == [best]
         np.testing.assert_array_equal(panel.values[0], [e[panel.title] for e in log])
-    if viz.have_matplotlib():
-        assert f"wrote {os.path.join(pics, 'learning-curves.png')}" in capsys.readouterr().out
+    assert f"wrote {os.path.join(pics, 'learning-curves.png')}" in capsys.readouterr().out
 
 
 # --- PNGs -----------------------------------------------------------------------------------------------------
@@ -391,21 +358,6 @@ def test_figure_size_grows_with_the_grid():
 
 # --- without matplotlib ----------------------------------------------------------------------------------------
 
-@pytest.fixture
-def no_matplotlib(monkeypatch):
-    monkeypatch.setitem(sys.modules, "matplotlib", None)         # `import matplotlib` now raises ImportError
-    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
-
-
-def test_without_matplotlib_pictures_are_printed_with_a_hint(no_matplotlib, tmp_path, capsys):
-    assert not viz.have_matplotlib()
-    pictures = encoder_pictures("ndr", "cpu", n_head=1, n_steps=2)
-    assert viz.write_pictures(pictures, str(tmp_path / "plots")) == []
-    out = capsys.readouterr().out
-    assert "== ctl / ndr → predicted" in out and "-- step 2, head 0 --" in out and "<eos> " in out
-    assert "pip install -e '.[plot]'" in out and not (tmp_path / "plots").exists()
-
-
 # --- train.py --plot -------------------------------------------------------------------------------------------
 
 TINY_PAIRWISE = ["--task", "pairwise", "--model", "abstractor-simplified", "--steps", "2", "--eval-every", "2",
@@ -419,12 +371,30 @@ def pairwise_run(tmp_path_factory):
     return out
 
 
-def test_plot_command_without_matplotlib_prints_the_maps(pairwise_run, no_matplotlib, capsys):
-    assert train.main(["--plot", "--out", pairwise_run]) == 0
-    out = capsys.readouterr().out
-    assert out.count("== pairwise / abstractor-simplified: ") == recipes.PLOT_EXAMPLES
-    assert "-- layer 1, relation 3 --" in out and "pip install" in out
-    assert not os.path.exists(os.path.join(pairwise_run, "plots"))
+# --- without matplotlib ----------------------------------------------------------------------------------------
+
+@pytest.fixture
+def no_matplotlib(monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)         # `import matplotlib` now raises ImportError
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+
+
+@pytest.mark.parametrize("argv", [["--plot", "--out", "RUN"], ["--report", "RUN", "--plot-dir", "pictures"]],
+                         ids=["plot", "report"])
+def test_pictures_without_matplotlib_are_one_line_and_exit_2(argv, pairwise_run, no_matplotlib, tmp_path, capsys,
+                                                             monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert train.main([pairwise_run if a == "RUN" else a for a in argv]) == 2
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and "draws PNGs with matplotlib" in err and "pip install matplotlib" in err
+    assert not out and not os.listdir(tmp_path) and not os.path.exists(os.path.join(pairwise_run, "plots"))
+
+
+def test_training_needs_no_matplotlib(tmp_path):
+    code = ("import sys; sys.modules['matplotlib'] = None; import train; "
+            f"sys.exit(train.main({TINY_PAIRWISE + ['--out', str(tmp_path / 'run')]!r}))")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
 
 
 def test_plot_command_writes_pngs(pairwise_run, capsys):

@@ -7,9 +7,9 @@ and runs the modes that read a trained run instead of training one.
     python train.py --resume runs/ctl-ndr-cpu-s0           # continue an interrupted run exactly
     python train.py --evaluate --out runs/ctl-ndr-cpu-s0   # also --plot, --analyze; --report DIR...
 
-A run's settings come from four places, merged in ``_main``: the recipe's preset (``make_config``),
-the flags, ``--set KEY=VALUE`` (minattn/lab/settings.py types them) and, on ``--resume``, the
-checkpoint. Bad input is one line ``error: ...`` and exit code 2; a run whose loss is not finite
+A run's settings come from four places, merged in one pass in this order by ``resolve``: the recipe's
+preset, on ``--resume`` the checkpoint's, the flags, then ``--set KEY=VALUE`` (minattn/lab/settings.py
+types them). Bad input is one line ``error: ...`` and exit code 2; a run whose loss is not finite
 exits 3; Ctrl-C 130 and SIGTERM 143, after the write in progress (minattn/lab/rundir.py).
 """
 import argparse
@@ -28,8 +28,8 @@ from .recipes import RECIPES, recipe_for
 from .recipes.base import schedule
 from .report import report, run_curves
 from .rundir import CHECKPOINT, Terminated, handling_signals, load_checkpoint, to_json, writable
-from .settings import (make_config, parse_settings, refuse_unread, resume_check, resume_device,
-                       resume_settings, saved_settings, user_values)
+from .settings import (TASK_FLAGS, make_config, parse_settings, refuse_unread, resume_check,
+                       resume_device, resume_settings, saved_settings, user_values)
 
 
 # --- the command line ---------------------------------------------------------------------------
@@ -54,8 +54,8 @@ def parse_args(argv=None, description=__doc__):
     ap.add_argument("--steps", type=int, help="optimizer steps (default: the preset's)")
     ap.add_argument("--batch-size", type=int, help="training batch size (default: the preset's)")
     ap.add_argument("--lr", type=float, help="learning rate (default: the preset's)")
-    ap.add_argument("--seed", type=int, default=0,
-                    help="seed of initialisation, data order and dropout")
+    ap.add_argument("--seed", type=int, help="seed of initialisation, data order and dropout "
+                    "(default 0)")
     ap.add_argument("--eval-every", type=int, help="evaluate and checkpoint every N steps")
     ap.add_argument("--out",
                     help="run directory (default: runs/TASK-MODEL-PRESET-sSEED, the task tagged "
@@ -87,7 +87,7 @@ def parse_args(argv=None, description=__doc__):
     ap.add_argument("--plot", action="store_true", help="draw what the checkpoint in --out learned "
                     "(attention maps, gates, value scores, relations) and the run's learning "
                     "curves into DIR/plots and exit; PNGs need matplotlib (pip install -e "
-                    "'.[plot]'), without it the maps are printed as text")
+                    "'.[plot]' or pip install matplotlib)")
     ap.add_argument("--plot-dir", metavar="DIR",
                     help="--plot: write the PNGs to DIR (default: the run's plots/); --report: "
                          "also draw the runs' learning curves side by side into "
@@ -102,7 +102,7 @@ def parse_args(argv=None, description=__doc__):
     ap.add_argument("--searches", type=int, help="retrieval: ground-truth searches S (default 2)")
     ap.add_argument("--retrievals", type=int,
                     help="retrieval: ground-truth retrievals R (default 4)")
-    ap.add_argument("--ood", action="store_true",
+    ap.add_argument("--ood", action="store_true", default=None,
                     help="retrieval: train on 80%% of the combinations of retrieval choices; "
                          "ood_l1 is then out of distribution")
     return ap.parse_args(argv)
@@ -150,7 +150,44 @@ def main(argv, train):
 def _main(args, where, train):
     """main() without its error handling; ``where["out"]``: the run directory, once training
     starts."""
-    device_given, args.device = args.device, "cpu" if args.device is None else args.device
+    _check_flags(args)
+    if args.report:
+        report(args.report, args.plot_dir)
+        return 0
+    if args.convert:
+        convert(args.convert)
+        return 0
+    device = "cpu" if args.device is None else args.device
+    if args.analyze:
+        print(analyze(args.out, device, args.set))
+        return 0
+    if args.evaluate:
+        print(json.dumps(to_json(evaluate_checkpoint(args.out, device, args.set))))
+        return 0
+    if args.plot:
+        plot(args.out, device, args.example, args.task, args.model, args.set, args.plot_dir)
+        return 0
+    cfg, given = resolve(args)
+    # the data options are part of the default name, so runs at different sizes or splits don't collide
+    task_name = "-".join([cfg.task] + [f"{tag}{given[key]}" for tag, key in (
+        ("", "split"), ("n", "train_size"), ("S", "searches"), ("R", "retrievals")) if given.get(key)]
+        + ["ood"] * bool(given.get("ood")))
+    out = args.out or os.path.join("runs", f"{task_name}-{cfg.model}-{cfg.preset}-s{cfg.seed}")
+    if args.show_config:   # resolved as training would (steps may count epochs), then compared
+        if args.resume:    # as the resume would run it, or refused as it would be
+            resume_check(cfg, out)
+        preset = make_config(cfg.task, cfg.model, cfg.preset, split=given.get("split"))
+        print(show_config(schedule(cfg), schedule(preset)))
+        return 0
+    where["out"] = out
+    results = train(cfg, out, resume=args.resume, progress=not args.no_progress)
+    print(summary(results, out))
+    return 0
+
+
+def _check_flags(args):
+    """The flags on their own: none empty, one mode at a time, what a mode needs; ``--resume DIR``
+    becomes ``--resume --out DIR``."""
     for flag in ("task", "model", "preset", "split", "out", "plot_dir", "resume"):
         if getattr(args, flag) == "":
             raise UsageError(f"--{flag.replace('_', '-')} is empty")
@@ -159,82 +196,55 @@ def _main(args, where, train):
             raise UsageError(f"--resume {args.resume} and --out {args.out} name different run "
                              "directories")
         args.out, args.resume = args.resume, True
-    modes = [f"--{m.replace('_', '-')}"
-             for m in ("report", "convert", "analyze", "evaluate", "plot",
-                                                  "show_config") if getattr(args, m)]   # each runs alone
-    if len(modes) > 1:
+    modes = [f"--{m.replace('_', '-')}" for m in ("report", "convert", "analyze", "evaluate", "plot",
+                                                  "show_config") if getattr(args, m)]
+    if len(modes) > 1:   # each runs alone
         raise UsageError(f"{' and '.join(modes)} are separate modes: give one at a time")
-    if args.report:
-        report(args.report, args.plot_dir)
-        return 0
-    if args.convert:
-        convert(args.convert)
-        return 0
     inspect = next((flag for flag in ("analyze", "evaluate", "plot") if getattr(args, flag)), None)
     if inspect and not args.out:
         raise UsageError(f"--{inspect} needs --out DIR (or --resume DIR), a run directory with a "
                          "checkpoint")
-    if args.analyze:
-        print(analyze(args.out, args.device, args.set))
-        return 0
-    if args.evaluate:
-        print(json.dumps(to_json(evaluate_checkpoint(args.out, args.device, args.set))))
-        return 0
-    if args.plot:
-        plot(args.out, args.device, args.example, args.task, args.model, args.set, args.plot_dir)
-        return 0
-    if args.example:
+    if args.example and not args.plot:
         raise UsageError("--example goes with --plot")
+
+
+# the flags that give a setting of the same name (the others choose what runs, where and how)
+SETTING_FLAGS = ("seed", "steps", "batch_size", "lr", "eval_every") + TASK_FLAGS
+
+
+def resolve(args):
+    """The run's configuration, resolved in one pass, each source over the one before:
+
+    1. the recipe's preset for (task, model, preset), by ``make_config``;
+    2. on a --resume without --task or --model: the settings saved in the checkpoint (and its task,
+       model and preset);
+    3. the flags (--seed, --steps, --lr, --train-size, ...);
+    4. --set KEY=VALUE (a setting given both as a flag and by --set: the two must agree).
+
+    Returns the configuration and the settings given by 2–4, by name."""
     saved = {}
     if args.resume and args.out and (args.task is None or args.model is None):
-        # `--resume --out DIR` alone continues the run saved there: task, model, preset and every
-        # setting come from its checkpoint; flags given now (e.g. --steps) still apply on top.
         saved = resume_settings(args.out, args.task, args.model, args.preset)
-        args.task, args.model, args.preset = saved.pop("task"), saved.pop("model"), saved.pop("preset")
-    # either form continues on the run's device unless --device is given
-    if args.resume and args.out:
-        args.device = resume_device(args.out, device_given)
-    args.task = "ctl" if args.task is None else args.task
-    args.model, args.preset = args.model or "ndr", args.preset or "cpu"
-    recipe_for(args.task)
-    if args.device not in ("cpu", "gpu"):
-        raise UsageError(f"unknown device {args.device!r}; valid devices: cpu, gpu")
-    overrides = parse_settings(args.set, args.task, args.model)
-    flags = dict(seed=args.seed, device=args.device, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                 eval_every=args.eval_every, searches=args.searches, retrievals=args.retrievals,
-                 ood=args.ood or None, split=args.split, train_size=args.train_size)
-    defaults = parse_args([])
-    # --set lr=… is the same as --lr …; both at once must agree
-    for key, value in overrides.items():
-        given = flags.get(key)
-        if given is not None and given != getattr(defaults, key, None) and given != value:
-            raise UsageError(f"--set {key}={value} contradicts --{key.replace('_', '-')} {given}")
-        flags[key] = value
-    for key, value in saved.items():       # what was not given now keeps the checkpoint's value
-        if key not in overrides and flags.get(key) in (None, getattr(defaults, key, None)):
-            flags[key] = value
-    args.seed = flags["seed"]
-    cfg = make_config(args.task, args.model, args.preset, **flags)
-    refuse_unread(cfg, overrides)
-    # the run's own step budget and evaluation interval (train() reads them) unless given
-    if args.resume:
-        cfg.steps, cfg.eval_every = flags["steps"], flags["eval_every"]
-    # the data options are part of the default name, so runs at different sizes or splits don't
-    # collide
-    task_name = "-".join([args.task] + [f"{tag}{value}" for tag, value in (
-        ("", args.split), ("n", args.train_size), ("S", args.searches), ("R", args.retrievals)) if value]
-        + ["ood"] * bool(args.ood))
-    out = args.out or os.path.join("runs", f"{task_name}-{args.model}-{args.preset}-s{args.seed}")
-    if args.show_config:   # resolved as training would (steps may count epochs), then compared
-        if args.resume:    # as the resume would run it, or refused as it would be
-            resume_check(cfg, out)
-        preset = make_config(args.task, args.model, args.preset, split=flags["split"])
-        print(show_config(schedule(cfg), schedule(preset)))
-        return 0
-    where["out"] = out
-    results = train(cfg, out, resume=args.resume, progress=not args.no_progress)
-    print(summary(results, out))
-    return 0
+    task, model, preset = (saved.pop(name, None) or getattr(args, name) or default
+                           for name, default in (("task", "ctl"), ("model", "ndr"), ("preset", "cpu")))
+    device = "cpu" if args.device is None else args.device
+    if args.resume and args.out:   # the run's device unless --device is given
+        device = resume_device(args.out, args.device)
+    recipe_for(task)
+    if device not in ("cpu", "gpu"):
+        raise UsageError(f"unknown device {device!r}; valid devices: cpu, gpu")
+    flags = {k: getattr(args, k) for k in SETTING_FLAGS if getattr(args, k) is not None}
+    sets = parse_settings(args.set, task, model)
+    for key in (k for k in sets if k in flags):   # --set lr=… is the same as --lr …
+        if sets[key] != flags[key]:
+            raise UsageError(f"--set {key}={sets[key]} contradicts --{key.replace('_', '-')} "
+                             f"{flags[key]}")
+    given = {**saved, **flags, **sets}
+    cfg = make_config(task, model, preset, device=device, **given)
+    refuse_unread(cfg, sets)
+    if args.resume:   # the run's own step budget and evaluation interval unless given (see train())
+        cfg.steps, cfg.eval_every = given.get("steps"), given.get("eval_every")
+    return cfg, given
 
 
 def show_config(cfg, preset):
@@ -325,9 +335,9 @@ def evaluate_checkpoint(out_dir, device="cpu", settings=()):
 
 def plot(out_dir, device="cpu", texts=(), task=None, model=None, settings=(), plot_dir=None):
     """Pictures of what the checkpoint in out_dir learned (minattn/lab/viz.py) as PNGs in
-    ``plot_dir`` (default out_dir/plots), or as terminal heatmaps without matplotlib; returns the
-    paths written. ``texts``: inputs to show instead of the test examples; ``task``/``model``, when
-    given, must be the checkpoint's."""
+    ``plot_dir`` (default out_dir/plots); returns the paths written. ``texts``: inputs to show
+    instead of the test examples; ``task``/``model``, when given, must be the checkpoint's."""
+    viz.require_matplotlib("--plot")   # before the checkpoint is read
     if any(not t.strip() for t in texts):
         raise UsageError("--example is empty: give the input to draw, e.g. --example '101 d a b'")
     default_dir, plot_dir = plot_dir is None, plot_dir or os.path.join(out_dir, "plots")
@@ -344,7 +354,7 @@ def plot(out_dir, device="cpu", texts=(), task=None, model=None, settings=(), pl
         pictures = recipe.plot_examples(net, list(texts))
     pictures += run_curves(out_dir)   # metrics.jsonl against the step, the selected step marked
     writes_into = plot_dir if os.path.isdir(plot_dir) else out_dir
-    if default_dir and viz.have_matplotlib() and not writable(writes_into):
+    if default_dir and not writable(writes_into):
         raise UsageError(f"cannot write the pictures into {plot_dir} (read-only): choose "
                          "--plot-dir DIR")
     paths = viz.write_pictures(pictures, plot_dir)

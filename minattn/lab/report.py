@@ -17,12 +17,10 @@ from .legacy import older_metrics
 from .rundir import CHECKPOINT, Corrupted, _int, _number, _read_npz, open_regular, read_log, settings
 
 
-REPORT_FIELDS = ("task", "model", "preset", "seed", "steps", "metrics", "best_step", "wall_s", "ms_per_step",
-                 "config")
-_REPORT_TYPES = {"task": str, "model": str, "preset": str, "seed": int, "steps": int, "metrics": dict,
+# the fields of results.json the report reads, and their types
+REPORT_FIELDS = {"task": str, "model": str, "preset": str, "seed": int, "steps": int, "metrics": dict,
                  "best_step": (int, type(None)), "wall_s": (int, float),
-                 "ms_per_step": (int, float, type(None)),
-                 "config": dict}
+                 "ms_per_step": (int, float, type(None)), "config": dict}
 
 
 def finished_run(d):
@@ -39,7 +37,7 @@ def finished_run(d):
     missing = set(REPORT_FIELDS) - set(r if isinstance(r, dict) else ())
     if missing:
         raise UsageError(f"{d}: results.json lacks {', '.join(sorted(missing))}")
-    wrong = [k for k, kind in _REPORT_TYPES.items() if not isinstance(r[k], kind) or isinstance(r[k], bool)]
+    wrong = [k for k, kind in REPORT_FIELDS.items() if not isinstance(r[k], kind) or isinstance(r[k], bool)]
     wrong += [f"metrics.{k}" for k, v in r["metrics"].items() if v is not None and not _number(v)]
     wrong += [f"config.{k}" for k in ("model_config", "options")
               if not isinstance(r["config"].get(k) or {}, dict)]
@@ -107,6 +105,8 @@ def report(paths, plot_dir=None):
     often it is listed or copied: runs with one configuration (seed included; device aside) are one run, as
     training is deterministic. ``plot_dir``: also draw the listed runs' learning curves side by side into
     plot_dir/learning-curves.png; returns the paths written."""
+    if plot_dir is not None:
+        viz.require_matplotlib("--report --plot-dir")   # before the tables are printed
     rows, curves, groups, seen, drawn = [], [], {}, {}, []
     for d in paths:
         try:

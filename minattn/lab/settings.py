@@ -119,65 +119,92 @@ def setting_types(task, model=None):
             for k, t in types.items()}
 
 
-# settings a model reads only under another setting's value: the Abstractor's symbols (symbolic
-# attention)
-CONDITIONAL = {"n_library": ("symbols", "symbolic")}
-
-
 def _bool(text):
     if text.lower() not in ("true", "false", "1", "0"):
         raise ValueError(text)
     return text.lower() in ("true", "1")
 
 
-_EXPECTED = {"int": "an integer", "float": "a number", "bool": "true or false"}
-
-
-def _parse_value(key, text, task, model=None, allowed=None):
-    """--set values take the type of the field they override (in the model's own config when it is
-    known)."""
-    types = setting_types(task, model)
-    kind = types.get(key)
-    if kind is None and allowed is not None:   # a trained run: name only what it takes
-        raise UsageError(f"{task} / {model} has no {key}; a trained run of it takes: "
-                         f"{', '.join(k for k in allowed if k in types) or 'no --set'}")
-    if kind is None:
-        raise UsageError(f"unknown setting {key!r} in --set; valid: {', '.join(sorted(types))}")
-    kind = kind.__name__
-    try:
-        return {"int": int, "float": float, "str": str, "bool": _bool}.get(kind, str)(text)
-    except ValueError:
-        raise UsageError(f"--set {key}={text}: expected {_EXPECTED.get(kind, kind)}") from None
+# how --set reads a value of each type, and what one looks like
+PARSE = {int: int, float: float, bool: _bool, str: str}
+EXPECTED = {int: "an integer", float: "a number", bool: "true or false", str: "text"}
 
 
 def parse_settings(items, task, model, allowed=None):
-    """--set KEY=VALUE strings → {key: typed value}. ``allowed``: the only keys taken (a trained
-    run's)."""
-    settings = {}
+    """--set KEY=VALUE strings → {key: value of the setting's type}. ``allowed``: the only keys taken
+    (a trained run's)."""
+    types, settings = setting_types(task, model), {}
     for item in items:
-        key, eq, value = item.partition("=")
+        key, eq, text = item.partition("=")
         if not eq:
             raise UsageError(f"--set expects KEY=VALUE, got {item!r}")
         # they choose the settings --set changes, or where
         if key in ("task", "model", "preset", "device"):
-            raise UsageError(f"--set {item}: use --{key} {value} instead")
+            raise UsageError(f"--set {item}: use --{key} {text} instead")
         if allowed is not None and key not in allowed:
             raise UsageError(f"--set {item}: a trained run takes only "
                              f"{', '.join(k + '=N' for k in allowed)}")
-        settings[key] = _parse_value(key, value, task, model, allowed)
-        _refuse_ignored(key, item, task, model)
+        if key not in types and allowed is not None:   # a trained run: name only what it takes
+            raise UsageError(f"{task} / {model} has no {key}; a trained run of it takes: "
+                             f"{', '.join(k for k in allowed if k in types) or 'no --set'}")
+        if key not in types:
+            raise UsageError(f"unknown setting {key!r} in --set; valid: {', '.join(sorted(types))}")
+        try:
+            settings[key] = PARSE[types[key]](text)
+        except ValueError:
+            raise UsageError(f"--set {item}: expected {EXPECTED[types[key]]}") from None
     return settings
 
 
-def _refuse_ignored(key, item, task, model):
-    """A setting the model never reads would change nothing: refused, naming the models that do read
-    it."""
-    recipe = recipe_for(task)
-    if model in recipe.models and key in recipe.ignored_settings(model):
-        readers = [m for m in recipe.models if key in fields(recipe.model_config_class(m))
-                   and key not in recipe.ignored_settings(m)]
-        raise UsageError(f"--set {item}: {model} does not use {key}, so it would change nothing"
-                         + (f" (the models that do: {', '.join(readers)})" if readers else ""))
+# --- what --set refuses because the model would not read it ---------------------------------------
+
+# The settings of its config that a model never reads, by model: a --set of one would change nothing,
+# so it is refused (tests/test_ignored_settings.py holds this table to what the model code reads).
+NO_GATE = ("gate_dropout",)                        # the post-LN layer has no copy gate to drop out
+NOT_COMPOSITIONAL = ("n_search", "n_retrieval")    # read by compositional attention only
+NO_ATTENTION_DROPOUT = ("attention_dropout",)      # as the official plain MHA (docs/ndr.md §4.1)
+UNREAD = {
+    # the NDR paper's encoders (models/encoder.py)
+    "transformer": NO_ATTENTION_DROPOUT + NO_GATE + NOT_COMPOSITIONAL,
+    "transformer-rel": NO_GATE + NOT_COMPOSITIONAL,
+    "transformer-rel-gate": NOT_COMPOSITIONAL,
+    "transformer-absrel-gate": NOT_COMPOSITIONAL,
+    "transformer-geom": NO_GATE + NOT_COMPOSITIONAL,
+    "ndr": NOT_COMPOSITIONAL,
+    "transformer-compositional": NO_ATTENTION_DROPOUT + NO_GATE,
+    "transformer-coda": NO_ATTENTION_DROPOUT + NO_GATE + NOT_COMPOSITIONAL,
+    # the CRT (models/compositional.py)
+    "mha": ("separate",),
+    "compositional": ("n_head",),
+    "compositional-mlp": ("n_head",),
+    # sorting (models/abstractor.py): the ablation's relational cross-attention is plain cross-attention
+    "abstractor-ablation": ("activation", "symmetric", "rca_scale"),
+    # sorting and MLU (models/seq2seq.py): the plain encoder–decoder reads EncoderDecoderConfig's fields
+    # only, not those of the Abstractor (sort) or CoDA (mlu)
+    "transformer-seq2seq": ("n_abstractor_layers", "architecture", "activation", "symmetric", "rca_scale",
+                            "symbols", "max_len", "n_library", "add_pe", "symbol_self_attention",
+                            "rca_residual", "attend_a1", "coda_alpha", "coda_beta", "coda_gate",
+                            "coda_center_e", "coda_scale", "coda_composition"),
+}
+# settings a model reads only under another setting's value: the Abstractor's symbols (symbolic
+# attention)
+CONDITIONAL = {"n_library": ("symbols", "symbolic")}
+
+
+def refuse_unread(cfg, sets):
+    """A --set that the run's model would not read (``UNREAD``; ``CONDITIONAL`` without its other
+    setting's value) changes nothing: refused, naming the models that do read it."""
+    recipe = recipe_for(cfg.task)
+    for key, value in sets.items():
+        if key in UNREAD.get(cfg.model, ()):
+            readers = [m for m in recipe.models if key in fields(recipe.model_config_class(m))
+                       and key not in UNREAD.get(m, ())]
+            raise UsageError(f"--set {key}={value}: {cfg.model} does not use {key}, so it would change "
+                             "nothing" + (f" (the models that do: {', '.join(readers)})" if readers else ""))
+        other, needed = CONDITIONAL.get(key, (None, None))
+        if other and getattr(cfg.model_config, other) != needed:
+            raise UsageError(f"--set {key}={value}: {key} is read only with {other}={needed} (this run "
+                             f"has {other}={getattr(cfg.model_config, other)}), so it would change nothing")
 
 
 def saved_settings(ckpt, path):
@@ -194,9 +221,8 @@ def saved_settings(ckpt, path):
         if kind is None and key not in ("task", "model", "preset"):
             raise Corrupted(f"checkpoint {path} is corrupted (config.{key}: no such setting)")
         if kind is not None and value is not None and not ok[kind](value):
-            what = {int: "an integer", float: "a number", bool: "true or false", str: "text"}[kind]
-            raise Corrupted(f"checkpoint {path} is corrupted (config.{key}: expected {what}, got "
-                            f"{value!r:.40})")
+            raise Corrupted(f"checkpoint {path} is corrupted (config.{key}: expected "
+                            f"{EXPECTED[kind]}, got {value!r:.40})")
     loops = [k for k in LOOPS if _int(flat.get(k)) and flat[k] > MAX_LOOPS]
     if loops:
         raise Corrupted(f"checkpoint {path} is corrupted (config.{loops[0]}: {flat[loops[0]]}, "
@@ -234,7 +260,7 @@ def resume_settings(out_dir, task=None, model=None, preset=None):
 
 def resume_device(out_dir, given=None):
     """The device a --resume of out_dir runs on: ``given`` (--device), else the run's own, so that a
-    GPU run continues on the GPU (on the CPU it would be ~10× slower and not bit for bit); where
+    GPU run continues on the GPU (on the CPU it would be much slower and not bit for bit); where
     there is no GPU, the error says how to move it. A directory without a checkpoint is left to the
     resume's own check."""
     path = os.path.join(out_dir, CHECKPOINT)
@@ -249,16 +275,6 @@ def resume_device(out_dir, given=None):
             raise UsageError(f"{e}; the run in {out_dir} was trained on the GPU: --device cpu "
                              "continues it on the CPU") from None
     return device
-
-
-def refuse_unread(cfg, overrides):
-    """A --set setting that the model reads only under another setting's value, given without it,
-    would change nothing: refused (as _refuse_ignored refuses one the model never reads)."""
-    for key, (other, value) in CONDITIONAL.items():
-        if key in overrides and getattr(cfg.model_config, other, value) != value:
-            raise UsageError(f"--set {key}={overrides[key]}: {key} is read only with {other}={value} "
-                             f"(this run has {other}={getattr(cfg.model_config, other)}), so it would "
-                             "change nothing")
 
 
 def path_flags():

@@ -9,25 +9,23 @@ encoder–decoders of sorting and MLU: encoder attention, the Abstractor's relat
 symbols' attention) and ``relational_pictures`` (the simplified Abstractor's relation matrices). Where the
 attention is CoDA, its factors tanh(E) and gate(N) and their product M come as heatmaps and histograms
 (``_coda_picture``). ``learning_curves`` draws runs' metrics logs (minattn/lab/report.py reads them: the
-training loss and every metric against the step, the selected step marked). *Renderers* draw a Picture as a
-PNG (``save_png``; matplotlib) or as Unicode shading for a terminal (``render_text``); ``write_pictures``
-picks one by whether matplotlib is installed.
+training loss and every metric against the step, the selected step marked). The *renderer* draws a Picture
+as a PNG with matplotlib (``save_png``; ``write_pictures`` saves a list).
 
     pictures = viz.encoder_pictures(model, ids, lengths, tokens, "ctl / ndr: 101 d a b")
-    viz.write_pictures(pictures, "runs/ctl-ndr-cpu-s0/plots")   # PNGs, or text without matplotlib
+    viz.write_pictures(pictures, "runs/ctl-ndr-cpu-s0/plots")
 
 ``train.py --plot`` does this for a checkpoint, through each recipe's ``plot_examples``
 (minattn/lab/recipes/), and adds the run's learning curves (report.run_curves). matplotlib is imported
-only inside the PNG renderer, so it stays an optional extra (``pip install -e .[plot]``). Collectors
-move data to the host explicitly, with one ``backend.to_numpy`` per picture (plus one for a prediction
-shown in a title), so they run unchanged on a GPU.
+only inside the renderer, so it stays an optional extra (``pip install -e '.[plot]'``) that training never
+needs; without it ``--plot`` says so in one line (``require_matplotlib``). Collectors move data to the host
+explicitly, with one ``backend.to_numpy`` per picture (plus one for a prediction shown in a title), so they
+run unchanged on a GPU.
 """
 import contextlib
 import io
 import math
 import os
-import shutil
-import sys
 import textwrap
 from dataclasses import dataclass, field
 
@@ -39,10 +37,10 @@ from minattn.attention.compositional import CompositionalAttention
 from minattn.engine import Tensor, eval_mode, no_grad
 from minattn.models import compositional as compositional_models
 
+from .errors import UsageError
+
 DPI = 100
 CELL = 0.25          # inches per heatmap cell (half that for maps over 32 tokens)
-SHADES = "·░▒▓█"     # terminal heatmaps: low to high
-PNG_HINT = "for PNGs install matplotlib: pip install -e '.[plot]'"
 
 
 @dataclass
@@ -384,7 +382,7 @@ def learning_curves(runs, title, name="learning-curves"):
 
 
 # ==========================================================================================================
-# Renderers
+# The renderer
 # ==========================================================================================================
 
 def _value_range(values, vmin, vmax):
@@ -400,12 +398,6 @@ def _value_range(values, vmin, vmax):
         m = max(-lo, hi)
         return -m, m
     return lo, hi if hi > lo else lo + 1
-
-
-def _data_range(values):
-    """(low, high) of the finite values ((0, 1) if none): a curve's own scale, signed or not."""
-    finite = values[np.isfinite(values)]
-    return (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
 
 
 def _quarter(inches):
@@ -442,12 +434,6 @@ def figure_size(picture):
     """The PNG's size in pixels (width, height)."""
     w, h = figure_inches(picture)
     return round(w * DPI), round(h * DPI)
-
-
-def _histogram(panel, bins):
-    """Arguments of np.histogram / Axes.hist: the finite values, bins, and the panel's range if it has one."""
-    known = panel.vmin is not None and panel.vmax is not None
-    return panel.values[np.isfinite(panel.values)], bins, (panel.vmin, panel.vmax) if known else None
 
 
 def _draw_heatmap(fig, ax, panel):
@@ -504,8 +490,10 @@ def save_png(picture, path):
             _draw_bars(ax, panel)
         elif panel.kind == "curves":
             _draw_curves(ax, panel)
-        else:
-            ax.hist(*_histogram(panel, 30), color="tab:blue")
+        else:                      # a histogram of the finite values, in the panel's range if it has one
+            known = panel.vmin is not None and panel.vmax is not None
+            ax.hist(panel.values[np.isfinite(panel.values)], 30, (panel.vmin, panel.vmax) if known else None,
+                    color="tab:blue")
         ax.set_title(panel.title, fontsize=8)
         ax.set_xlabel(panel.xlabel, fontsize=7)
         ax.set_ylabel(panel.ylabel, fontsize=7)
@@ -521,109 +509,16 @@ def save_png(picture, path):
     return path
 
 
-def _shade(v, lo, hi):
-    if not np.isfinite(v):
-        return " "
-    t = 0.0 if hi == lo else min(max((v - lo) / (hi - lo), 0.0), 1.0)
-    return SHADES[round(t * (len(SHADES) - 1))]
-
-
-def text_heatmap(values, rows, cols, vmin=None, vmax=None, clabel=""):
-    """A heatmap as text: a two-character cell per value shaded with ``SHADES``, row labels on the left,
-    column labels written downwards above their column (whole: cut, "retrieval 0" and "retrieval 1" would
-    look alike), and the scale below, with ``clabel`` saying what it means. NaN cells are blank."""
-    values = np.asarray(values, dtype=float)
-    lo, hi = _value_range(values, vmin, vmax)
-    pad = " " * (max(map(len, rows), default=0) + 1)
-    height = max(map(len, cols), default=0)
-    lines = [pad + "".join(f"{c[i] if i < len(c) else ' '} " for c in cols).rstrip() for i in range(height)]
-    lines += [f"{r:>{len(pad) - 1}} " + "".join(2 * _shade(v, lo, hi) for v in row)
-              for r, row in zip(rows, values)]
-    lines.append(f"{pad}{SHADES[0]} {lo:.3g} … {SHADES[-1]} {hi:.3g}" + (f" ({clabel})" if clabel else ""))
-    return "\n".join(lines)
-
-
-def text_bars(values, labels, width=30):
-    """Horizontal bars, longest = ``width`` characters, each with its value."""
-    values = np.asarray(values, dtype=float)
-    top = float(np.abs(values).max()) if values.size else 0.0
-    pad = max(map(len, labels), default=0)
-    return "\n".join(f"{label:>{pad}} {'█' * round(width * abs(v) / top if top else 0):<{width}} {v:.3g}"
-                     for label, v in zip(labels, values))
-
-
-SPARKS = "▁▂▃▄▅▆▇█"   # terminal curves: low to high
-
-
-def text_curves(values, steps, labels, marks=(), vmin=None, vmax=None, width=40):
-    """Curves as text: per row a sparkline of at most ``width`` evenly spaced points (gaps blank; its scale
-    vmin..vmax, else the data's), its first and last value, and the value at its marked step."""
-    values = np.asarray(values, dtype=float)
-    lo, hi = _value_range(values, vmin, vmax) if vmin is not None else _data_range(values)
-    n = len(steps)
-    pick = np.unique(np.linspace(0, n - 1, min(width, n)).round().astype(int)) if n else []
-    pad = max(map(len, labels), default=0)
-    lines = []
-    for label, ys, mark in zip(labels, values, list(marks) + [None] * len(labels)):
-        level = np.clip((ys - lo) / ((hi - lo) or 1), 0, 1) * (len(SPARKS) - 1)
-        spark = "".join(SPARKS[round(level[i])] if np.isfinite(ys[i]) else " " for i in pick)
-        ok = np.flatnonzero(np.isfinite(ys))
-        ends = f"{ys[ok[0]]:.4g} → {ys[ok[-1]]:.4g}" if ok.size else "no value"
-        at = f"; selected: step {mark}, {ys[steps.index(mark)]:.4g}" if mark in steps else ""
-        lines.append(f"{label:>{pad}} {spark} {ends}{at}")
-    return "\n".join(lines + [f"{'':>{pad}} steps {steps[0]}…{steps[-1]}" if steps else ""])
-
-
-def _text_panel(p):
-    """A panel as a list of text lines: its title, then shading (heatmap), bars or sparklines (curves)."""
-    if p.kind == "heatmap":
-        body = text_heatmap(p.values, p.rows, p.cols, p.vmin, p.vmax, p.clabel)
-    elif p.kind == "bars":
-        body = text_bars(p.values, p.rows)
-    elif p.kind == "curves":
-        body = text_curves(p.values, p.cols, p.rows, p.marks, p.vmin, p.vmax)
-    else:
-        counts, edges = np.histogram(*_histogram(p, 10))
-        body = text_bars(counts, [f"{a:.2f}…{b:.2f}" for a, b in zip(edges[:-1], edges[1:])])
-    return [f"-- {p.title} --"] + body.split("\n")
-
-
-def _side_by_side(blocks, gap):
-    widths = [max(map(len, b)) for b in blocks]
-    return [gap.join((b[i] if i < len(b) else "").ljust(w) for b, w in zip(blocks, widths)).rstrip()
-            for i in range(max(map(len, blocks)))]
-
-
-def render_text(picture, width=None):
-    """The picture for a terminal: its title, then its panels, as many side by side as fit in ``width``
-    characters (default: the terminal's width)."""
-    width = width or shutil.get_terminal_size((120, 24)).columns
-    gap = "   "
-    out, row = [f"== {picture.title.replace(chr(10), ' — ')} =="], []
-    for block in map(_text_panel, picture.panels):
-        if row and sum(max(map(len, b)) + len(gap) for b in row + [block]) - len(gap) > width:
-            out += _side_by_side(row, gap) + [""]
-            row = []
-        row.append(block)
-    return "\n".join(out + _side_by_side(row, gap)) + "\n"
-
-
-def have_matplotlib():
+def require_matplotlib(flag):
+    """A UsageError, one line, unless matplotlib can be imported: the pictures are PNGs it draws."""
     try:
         import matplotlib.figure  # noqa: F401
     except ImportError:
-        return False
-    return True
+        raise UsageError(f"{flag} draws PNGs with matplotlib, which is not installed: pip install matplotlib "
+                         "(or pip install -e '.[plot]')") from None
 
 
-def write_pictures(pictures, out_dir, stream=None):
-    """Save every picture as ``out_dir/NAME.png`` and return the paths; without matplotlib print them as
-    text heatmaps on ``stream`` (default stdout), say how to get PNGs, and return []."""
-    stream = stream or sys.stdout
-    if not have_matplotlib():
-        for p in pictures:
-            print(render_text(p), file=stream)
-        print(f"(matplotlib is not installed, so these are text renderings; {PNG_HINT})", file=stream)
-        return []
+def write_pictures(pictures, out_dir):
+    """Save every picture as ``out_dir/NAME.png`` and return the paths."""
     os.makedirs(out_dir, exist_ok=True)
     return [save_png(p, os.path.join(out_dir, p.name + ".png")) for p in pictures]

@@ -135,55 +135,47 @@ class Architecture:
     """One encoder model: its layer ("postln", "gate" (NDR) or "gate-tanh" (the "+ gate"
     baselines)), its attention (``(cfg, rng) → module``), sinusoidal input positions or not, the
     gate its training log follows (``gate_mean``: "copy", the layer's; "coda", the attention's;
-    None), its config class, and the settings of that class it never reads (``ignores``: ``--set``
-    refuses them rather than ignore them)."""
+    None) and its config class."""
     layer: str
     attention: object
     input_pe: bool = False
     gate: str = None
     config: type = EncoderConfig
-    ignores: tuple = ()
-
-
-NO_GATE = ("gate_dropout",)                       # the post-LN layer has no copy gate to drop out
-NOT_COMPOSITIONAL = ("n_search", "n_retrieval")   # read by compositional attention only
 
 
 ARCHITECTURES = {
     "transformer": Architecture(
         layer="postln", input_pe=True,
         # the official plain MHA applies no attention dropout (docs/ndr.md §4.1)
-        ignores=("attention_dropout",) + NO_GATE + NOT_COMPOSITIONAL,
         attention=lambda cfg, rng: MultiHeadAttention(cfg.d_model, cfg.n_head, rng=rng)),
     "transformer-rel": Architecture(
-        layer="postln", ignores=NO_GATE + NOT_COMPOSITIONAL,
+        layer="postln",
         attention=lambda cfg, rng: RelativeMultiHeadAttention(cfg.d_model, cfg.n_head,
                                                               cfg.attention_dropout, rng=rng)),
     "transformer-rel-gate": Architecture(
-        layer="gate-tanh", gate="copy", ignores=NOT_COMPOSITIONAL,
+        layer="gate-tanh", gate="copy",
         attention=lambda cfg, rng: RelativeMultiHeadAttention(cfg.d_model, cfg.n_head,
                                                               cfg.attention_dropout, rng=rng)),
     "transformer-absrel-gate": Architecture(
-        layer="gate-tanh", gate="copy", ignores=NOT_COMPOSITIONAL,
+        layer="gate-tanh", gate="copy",
         attention=lambda cfg, rng: RelativeMultiHeadAttention(cfg.d_model, cfg.n_head,
                                                               cfg.attention_dropout,
                                                               abs_gate=True, rng=rng)),
     "transformer-geom": Architecture(
-        layer="postln", ignores=NO_GATE + NOT_COMPOSITIONAL,
+        layer="postln",
         attention=lambda cfg, rng: GeometricAttention(cfg.d_model, cfg.n_head, cfg.attention_dropout,
                                                       normalize=True, rng=rng)),
     "ndr": Architecture(
-        layer="gate", gate="copy", ignores=NOT_COMPOSITIONAL,
+        layer="gate", gate="copy",
         attention=lambda cfg, rng: GeometricAttention(cfg.d_model, cfg.n_head, cfg.attention_dropout,
                                                       rng=rng)),
     "transformer-compositional": Architecture(
-        layer="postln", input_pe=True, ignores=("attention_dropout",) + NO_GATE,
+        layer="postln", input_pe=True,
         attention=lambda cfg, rng: CompositionalAttention(cfg.d_model, cfg.n_search or cfg.n_head,
                                                           cfg.n_retrieval or cfg.n_head, rng=rng)),
     # as the softmax Transformer: no attention dropout; CoDA's options from the coda_* fields
     "transformer-coda": Architecture(
         layer="postln", input_pe=True, gate="coda", config=CoDAEncoderConfig,
-        ignores=("attention_dropout",) + NO_GATE + NOT_COMPOSITIONAL,
         attention=lambda cfg, rng: CoDAttention.from_config(cfg, cfg.d_model, cfg.n_head, rng=rng)),
 }
 

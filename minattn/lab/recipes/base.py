@@ -214,13 +214,6 @@ class Recipe:
         return cls.ModelConfig
 
     @classmethod
-    def ignored_settings(cls, model):
-        """The settings of ``model``'s config that the model never reads (its registry row's
-        ``ignores``)."""
-        row = cls.models[model]
-        return row.get("ignores", ()) if isinstance(row, dict) else row.ignores
-
-    @classmethod
     def derive(cls, row, task, model):
         """Fields a preset computes from its other fields (e.g. SCAN's steps from its split);
         default none."""
