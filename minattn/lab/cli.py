@@ -216,14 +216,14 @@ def resolve(args):
     """The run's configuration, resolved in one pass, each source over the one before:
 
     1. the recipe's preset for (task, model, preset), by ``make_config``;
-    2. on a --resume without --task or --model: the settings saved in the checkpoint (and its task,
-       model and preset);
+    2. on a --resume: the settings saved in the checkpoint, and its task, model and preset (a --task,
+       --model or --preset that is not the run's is refused, naming the run);
     3. the flags (--seed, --steps, --lr, --train-size, ...);
     4. --set KEY=VALUE (a setting given both as a flag and by --set: the two must agree).
 
     Returns the configuration and the settings given by 2–4, by name."""
     saved = {}
-    if args.resume and args.out and (args.task is None or args.model is None):
+    if args.resume and args.out:
         saved = resume_settings(args.out, args.task, args.model, args.preset)
     task, model, preset = (saved.pop(name, None) or getattr(args, name) or default
                            for name, default in (("task", "ctl"), ("model", "ndr"), ("preset", "cpu")))
