@@ -537,6 +537,41 @@ def test_report_marks_diverged_and_unfinished_runs_and_leaves_them_out_of_the_me
     assert "test 0.700 ± 0.141" in seeds[0]                           # 0.6 and 0.8 only
 
 
+def test_report_of_a_run_that_diverged_after_evaluations_keeps_its_metric_columns(tmp_path, capsys):
+    d = _results(str(tmp_path / "run"), 0, 0.5, steps=30, diverged_at=30)
+    with open(os.path.join(d, "metrics.jsonl"), "a") as f:   # the divergence line: the train loss alone
+        f.write(json.dumps({"step": 31, "train_loss": None, "train_correct": 3}) + "\n")
+    assert train.main(["--report", d]) == 0
+    out = capsys.readouterr().out
+    assert "| step | train_loss | valid | test | train_correct |" in out
+    assert "| 30 | 0.5000 | 0.5000 | 0.5000 |  |" in out and "| 31 |  |  |  | 3 |" in out
+
+
+def test_report_shows_a_long_curve_in_twenty_rows_and_a_huge_loss_in_four_digits(tmp_path, capsys):
+    d = _results(str(tmp_path / "run"), 0, 0.5, steps=200)
+    with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+        for step in range(1, 233):   # the demo's 232 evaluations
+            f.write(json.dumps({"step": step, "train_loss": 1e308 if step == 1 else 0.5, "valid": 0.5}) + "\n")
+    assert train.main(["--report", d]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.split("(20 of its 232 evaluations; all in metrics.jsonl)")[1].splitlines()
+            if re.match(r"\| \d+ \|", line)]
+    steps = [int(line.split("|")[1]) for line in rows]
+    assert len(rows) == 20 and steps[0] == 1 and steps[-1] == 232 and 200 in steps   # first, last, selected
+    assert steps == sorted(steps) and max(np.diff(steps)) <= 14                      # evenly spread
+    assert "| 1 | 1e+308 | 0.5000 |" in out and "0" * 20 not in out
+
+
+def test_report_plot_dir_that_is_a_file_is_refused_before_the_report(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    d = _results(str(tmp_path / "run"), 0, 0.5)
+    (tmp_path / "file").write_text("")
+    code = train.main(["--report", d, "--plot-dir", str(tmp_path / "file")])
+    out, err = capsys.readouterr()
+    one_line_error(code, err)
+    assert "is a file, not a directory for the pictures" in err and out == ""   # no report printed first
+
+
 @pytest.mark.parametrize("broken", [{"config": []}, {"config": {"model_config": "x"}}, {"metrics": [1, 2]},
                                     {"config": {"model_config": {}, "options": "x"}},
                                     {"wall_s": None}, {"seed": "0", "steps": "x"}])

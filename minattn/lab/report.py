@@ -93,9 +93,23 @@ def _two_se(values):
 
 
 def _cell(v):
-    """A learning-curve entry: floats to 4 decimals (an accuracy 1/12 is 0.0833), a missing or diverged one
-    (None) empty."""
-    return "" if v is None else f"{v:.4f}" if isinstance(v, float) else str(v)
+    """A learning-curve entry: floats to 4 decimals (an accuracy 1/12 is 0.0833), a huge one (a loss of 1e308)
+    in 4 significant digits, a missing or diverged one (None) empty."""
+    if not isinstance(v, float):
+        return "" if v is None else str(v)
+    return f"{v:.4f}" if abs(v) < 1e6 else f"{v:.4g}"
+
+
+CURVE_ROWS = 20   # a run's curve in the report: at most this many evaluations (the PNG and the log have all)
+
+
+def _curve_rows(log, best_step):
+    """The evaluations a report's curve table shows: all of a short log; of a long one CURVE_ROWS evenly
+    spaced, the first, the last and the selected one among them."""
+    if len(log) <= CURVE_ROWS:
+        return log
+    keep = {round(i * (len(log) - 1) / (CURVE_ROWS - 2)) for i in range(CURVE_ROWS - 1)}   # + the selected
+    return [e for i, e in enumerate(log) if i in keep or e["step"] == best_step]
 
 
 def report(paths, plot_dir=None):
@@ -105,8 +119,10 @@ def report(paths, plot_dir=None):
     often it is listed or copied: runs with one configuration (seed included; device aside) are one run, as
     training is deterministic. ``plot_dir``: also draw the listed runs' learning curves side by side into
     plot_dir/learning-curves.png; returns the paths written."""
-    if plot_dir is not None:
-        viz.require_matplotlib("--report --plot-dir")   # before the tables are printed
+    if plot_dir is not None:   # before the tables are printed
+        viz.require_matplotlib("--report --plot-dir")
+        if os.path.exists(plot_dir) and not os.path.isdir(plot_dir):
+            raise UsageError(f"{plot_dir} is a file, not a directory for the pictures (choose --plot-dir)")
     rows, curves, groups, seen, drawn = [], [], {}, {}, []
     for d in paths:
         try:
@@ -222,11 +238,14 @@ def _report_row(d, r, log, status):
            f"{r['ms_per_step'] or 0:.0f} | {d} |")
     if not log:
         return row, None
-    keys = [k for k in log[-1] if k not in ("step", "wall_s")]
-    return row, (f"\n{r['task']} / {r['model']} (seed {r['seed']}, {d}):\n\n| step | " + " | ".join(keys) +
-                 " |\n|" + "---|" * (len(keys) + 1) + "\n" +
+    # every column any line has, in order of first appearance (a divergence line has only the train loss)
+    keys = list(dict.fromkeys(k for e in log for k in e if k not in ("step", "wall_s")))
+    shown = _curve_rows(log, r["best_step"])
+    cut = f" ({len(shown)} of its {len(log)} evaluations; all in metrics.jsonl)" if shown != log else ""
+    return row, (f"\n{r['task']} / {r['model']} (seed {r['seed']}, {d}){cut}:\n\n| step | "
+                 + " | ".join(keys) + " |\n|" + "---|" * (len(keys) + 1) + "\n" +
                  "\n".join(f"| {e['step']} | " + " | ".join(_cell(e.get(k)) for k in keys) + " |"
-                           for e in log))
+                           for e in shown))
 
 
 def _mean_cell(values):
