@@ -1,8 +1,9 @@
-"""Plain-NumPy statements of the papers' equations, for tests/test_definitions*.py (issue 31 item 1).
+"""Plain-NumPy statements of the papers' equations, for the definition tests (tests/library/test_definitions.py
+and tests/papers/<paper>/test_definitions.py; issue 31 item 1).
 
 Nothing here imports minattn's ops or functional: every function takes NumPy arrays (a module's parameters
 read as arrays) and computes the paper's equation directly, with loops where that is clearest. The tests
-compare a module's output with these on small random float64 inputs.
+compare a module's output with these on small random float64 inputs (``randomize``, ``X``) within ``TOL``.
 """
 import math
 
@@ -12,6 +13,26 @@ import numpy as np
 def arr(t):
     """A Tensor or Parameter (or array) as a host float64 NumPy array."""
     return np.array(getattr(t, "data", t), dtype=np.float64)
+
+
+out = arr
+
+TOL = dict(rtol=1e-9, atol=1e-11)
+
+
+def randomize(module, seed=1, scale=0.5):
+    """float64 and every parameter redrawn N(0, scale²): a definition must hold for any weights, and
+    inits such as a zero u/v or a unit LayerNorm gain would hide a missing term."""
+    module.double()
+    rng = np.random.default_rng(seed)
+    for _, p in module.named_parameters():
+        p.data = rng.standard_normal(p.shape) * scale
+    return module
+
+
+def X(*shape, seed=0):
+    """A random float64 input of that shape."""
+    return np.random.default_rng(seed).standard_normal(shape)
 
 
 def sigmoid(x):

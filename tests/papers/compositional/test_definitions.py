@@ -1,0 +1,89 @@
+"""Compositional attention's definitions (Mittal et al. 2022; docs/compositional.md), each pinned by a test
+that names its row of docs/compositional.md's table "Definitions and the tests that pin them": Eqs. 7-14 with
+their options, the CRT models and the optimizer each preset builds. Random float64 parameters, small random
+inputs, the equation in plain NumPy (tests/defs_reference.py), loops where clearer.
+"""
+import math
+
+import numpy as np
+import pytest
+
+from minattn.attention.compositional import CompositionalAttention
+from minattn.engine import Tensor
+from minattn.models.compositional import CRTConfig, CRTModel
+from tests import defs_reference as ref
+from tests.defs_reference import TOL, X, arr, out, randomize
+
+
+# --- compositional attention (Mittal et al. 2022) -----------------------------------------------------------
+
+
+def compositional_reference(m, x, mask, S, R, score="dot", separate=False, concat=False, mask_diagonal=False):
+    """Eqs. 7-14, search by search and token by token: A_s = softmax(Q_s K_sᵀ/√d_s) over the allowed keys;
+    O_sr = A_s V_r; c_sr = softmax_r(Q̄_s · K̄_sr/√d_s) with K̄_sr = O_sr W̄_k + b̄_k (one W̄_k, or W̄_k^r per
+    retrieval with ``separate``), or Appendix B.7's linear score w·[Q̄_s; O_sr] + b (unscaled); out =
+    Concat_s(Σ_r c_sr O_sr) [| x W_c] W_o + b_o."""
+    B, T, _ = x.shape
+    ds, dv = m.d_s, m.d_v
+    q, k, qb = ref.linear(m.query, x), ref.linear(m.key_search, x), ref.linear(m.retrieval_query, x)
+    v = ref.linear(m.value, x)
+    heads = np.zeros((B, T, S * dv))
+    for b in range(B):
+        for s in range(S):
+            ss = slice(s * ds, (s + 1) * ds)
+            for i in range(T):
+                ok = (np.ones(T, bool) if mask is None else mask[b].copy())
+                if mask_diagonal:
+                    ok[i] = False
+                A = ref.masked_softmax_row(np.array([q[b, i, ss] @ k[b, j, ss] for j in range(T)]) / math.sqrt(ds),
+                                           ok)
+                O = [A @ v[b, :, r * dv:(r + 1) * dv] for r in range(R)]
+                if score == "mlp":
+                    w, bias = arr(m.score_net.weight)[:, 0], arr(m.score_net.bias)[0]
+                    logits = np.array([w[:ds] @ qb[b, i, ss] + w[ds:] @ O[r] + bias for r in range(R)])
+                else:
+                    keys = [O[r] @ arr(m.w_key)[r] + arr(m.b_key)[r, 0] if separate
+                            else ref.linear(m.retrieval_key, O[r]) for r in range(R)]
+                    logits = np.array([qb[b, i, ss] @ keys[r] for r in range(R)]) / math.sqrt(ds)
+                c = ref.softmax(logits)
+                heads[b, i, s * dv:(s + 1) * dv] = sum(c[r] * O[r] for r in range(R))
+    if concat:
+        heads = np.concatenate([heads, ref.linear(m.own, x)], axis=-1)
+    return ref.linear(m.out, heads)
+
+
+@pytest.mark.parametrize("options", [{}, dict(concat=True, mask_diagonal=True), dict(separate=True),
+                                     dict(score="mlp", concat=True)], ids=["plain", "concat_diag", "separate", "mlp"])
+def test_compositional_attention_is_eqs_7_to_14(options):
+    m = randomize(CompositionalAttention(6, 2, 3, search_dim=8, value_dim=15, **options))
+    x, mask = X(2, 4, 6), np.array([[1, 1, 1, 0], [1, 1, 1, 1]], bool)
+    np.testing.assert_allclose(out(m(Tensor(x), key_mask=mask)), compositional_reference(m, x, mask, 2, 3, **options),
+                               **TOL)
+
+
+@pytest.mark.parametrize("name", ["mha", "compositional", "compositional-mlp"])
+def test_crt_models_are_mlp_attention_mlp(name):
+    """The CRT models (Mittal et al. 2022, App. C.1): x → Linear → ReLU → Linear → attention with the diagonal
+    masked and the token's own projection appended (no residual, no LayerNorm) → Linear → ReLU → Linear. The
+    ``mha`` baseline: h heads, softmax(Q Kᵀ/√d_s) V per head, [| x W_c] W_o."""
+    model = randomize(CRTModel(name, 5, CRTConfig(searches=2, retrievals=3, d_model=6)))
+    x = X(2, 4, 5)
+    h = ref.linear(model.enc2, ref.relu(ref.linear(model.enc1, x)))
+    attn = model.attn
+    if name == "mha":
+        H, ds, dv = attn.n_head, attn.d_s, attn.d_v
+        q, k, v = ref.linear(attn.query, h), ref.linear(attn.key, h), ref.linear(attn.value, h)
+        heads = np.zeros((2, 4, H * dv))
+        for b in range(2):
+            for hh in range(H):
+                for i in range(4):
+                    ok = np.arange(4) != i
+                    A = ref.masked_softmax_row(np.array([q[b, i, hh * ds:(hh + 1) * ds] @ k[b, j, hh * ds:(hh + 1) * ds]
+                                                         for j in range(4)]) / math.sqrt(ds), ok)
+                    heads[b, i, hh * dv:(hh + 1) * dv] = A @ v[b, :, hh * dv:(hh + 1) * dv]
+        a = ref.linear(attn.out, np.concatenate([heads, ref.linear(attn.own, h)], -1))
+    else:
+        a = compositional_reference(attn, h, None, 2, 3, score="dot" if name == "compositional" else "mlp",
+                                    concat=True, mask_diagonal=True)
+    want = ref.linear(model.dec2, ref.relu(ref.linear(model.dec1, a)))[..., 0]
+    np.testing.assert_allclose(out(model(Tensor(x))), want, **TOL)
