@@ -11,7 +11,7 @@ clearer). The golden runs (tests/test_golden.py) stay a regression net; no defin
 import numpy as np
 import pytest
 
-from minattn import functional as F, nn
+from minattn import functional as F, nn, optim
 from minattn.attention.coda import CoDAttention
 from minattn.attention.compositional import CompositionalAttention
 from minattn.attention.geometric import GeometricAttention
@@ -19,6 +19,8 @@ from minattn.attention.multihead import MultiHeadAttention
 from minattn.attention.relative import RelativeMultiHeadAttention
 from minattn.backend import RNG
 from minattn.engine import Tensor, eval_mode
+from minattn.lab.recipes import NDR
+from minattn.lab.recipes.base import optimizer, schedule
 from minattn.lab.settings import make_config
 from minattn.models.encoder import ARCHITECTURES, Classifier, CopyGateLayer, EncoderConfig, PostLNLayer
 from tests import defs_reference as ref
@@ -42,16 +44,25 @@ class LinearStub(nn.Module):
 # --- the NDR paper (Csordás, Irie & Schmidhuber 2022) -----------------------------------------------------
 
 
-def geometric_reference(m, x, key_mask):
+def heads_last(mask):
+    """A per-head mask (B, H, T, d_h) laid out as the (B, T, H·d_h) projections of the references."""
+    B, H, T, dh = mask.shape
+    return mask.transpose(0, 2, 1, 3).reshape(B, T, H * dh)
+
+
+def geometric_reference(m, x, key_mask, key_drop=None):
     """NDR §3, Eqs. 7, 9 and 10, head by head, query by query, key by key:
-    z_ij = α q_i·k_j + β D_ij + γ with D_ij = s→_i for j > i and s←_i for j < i, (s←, s→) = W_s x_i + b_s;
+    z_ij = α q_i·k̃_j + β D_ij + γ with D_ij = s→_i for j > i and s←_i for j < i, (s←, s→) = W_s x_i + b_s;
     A_ij = σ(z_ij) Π_{k ∈ S_ij} (1 − σ(z_ik)), S_ij the keys closer to i than j (at equal distance the right
-    one is closer); the diagonal and padding never match; y = Concat_h(A_h V_h) W_o."""
+    one is closer); the diagonal and padding never match; y = Concat_h(A_h V_h) W_o. k̃ = k ⊙ ``key_drop``
+    (B, H, T, d_h), the attention dropout's mask on the keys (docs/ndr.md §3.7), or k."""
     B, T, C = x.shape
     H, dh = m.n_head, m.d_head
     W = arr(m.w_qkv)
     q = (x @ W[:, :C]) + arr(m.b_q).reshape(-1)
     k, v = x @ W[:, C:2 * C], x @ W[:, 2 * C:]
+    if key_drop is not None:
+        k = k * heads_last(key_drop)
     s = (x @ arr(m.direction.weight) + arr(m.direction.bias)).reshape(B, T, H, 2)   # (s←, s→) per head
     alpha, beta, gamma = (float(arr(p)[0]) for p in (m.alpha, m.beta, m.gamma))
     heads = np.zeros((B, T, C))
@@ -89,16 +100,21 @@ def test_geometric_attention_normalized_divides_by_the_row_sum():
     np.testing.assert_allclose(out(An), A / A.sum(-1, keepdims=True), **TOL)
 
 
-def relative_reference(m, x, key_mask, abs_gate=False):
+def relative_reference(m, x, key_mask, abs_gate=False, key_drop=None, pos_drop=None):
     """Transformer-XL §3.3, terms (a)-(d), with the NDR paper's gated variant (its Appendix A, term (e)):
     logit_ij = α [(q_i + u)·k_j + (q_i + v)·r_{j−i}],  r_m = W_R PE(m) at the signed offset m = j − i;
     gated: (q_i + v)·[g_i r_{j−i} + (1 − g_i) r_j] with g_i = σ(W_abs x_i + b) per head; softmax over
-    the real keys; y = Concat_h(A_h V_h) W_o."""
+    the real keys; y = Concat_h(A_h V_h) W_o. ``key_drop`` (B, H, T, d_h) and ``pos_drop`` (H, 2T − 1, d_h,
+    offsets −(T−1)..T−1): the attention dropout's masks on k and on r (docs/ndr.md §4.2), giving k̃ and r̃."""
     B, T, C = x.shape
     H, dh = m.n_head, m.d_head
     q = x @ arr(m.w_q)
     k, v = (x @ arr(m.w_kv))[..., :C], (x @ arr(m.w_kv))[..., C:]
+    if key_drop is not None:
+        k = k * heads_last(key_drop)
     pe = {o: ref.sinusoid([o], C)[0] @ arr(m.w_r) for o in range(-(T - 1), T)}
+    if pos_drop is not None:
+        pe = {o: r * heads_last(pos_drop[None, :, o + T - 1:o + T])[0, 0] for o, r in pe.items()}
     u, vv, alpha = arr(m.u).reshape(H, dh), arr(m.v).reshape(H, dh), float(arr(m.alpha)[0])
     g = ref.sigmoid(ref.linear(m.abs_gate, x)) if abs_gate else None                   # (B, T, H)
     heads = np.zeros((B, T, C))
@@ -241,3 +257,130 @@ def test_listops_reads_the_sos_column_and_ctl_the_eos_column(model):
         assert make_config("listops", model, preset).model_config.readout == "sos"
         assert make_config("ctl", model, preset).model_config.readout == "eos"
 
+
+
+# --- initial values (docs/ndr.md §3.2, §2; the official code) --------------------------------------------
+
+
+@pytest.mark.parametrize("d_model,n_head", [(8, 2), (16, 4), (32, 1)])
+def test_geometric_attention_starts_at_alpha_one_over_sqrt_d_head(d_model, n_head):
+    """docs/ndr.md α, β, γ, b_q init: α = 1/√d_head, β = 1, γ = 0 (one scalar each, shared by the heads),
+    b_q = 0 — in the module and in the model every NDR preset builds."""
+    m = GeometricAttention(d_model, n_head)
+    got = np.concatenate([arr(p) for p in (m.alpha, m.beta, m.gamma)])
+    np.testing.assert_allclose(got, [1 / np.sqrt(d_model // n_head), 1.0, 0.0], rtol=1e-7, atol=0)   # float32
+    assert not arr(m.b_q).any()
+    for task in ("ctl", "listops"):
+        for preset in ("paper", "cpu"):
+            cfg = make_config(task, "ndr", preset).model_config
+            attn = Classifier("ndr", 5, 3, cfg).encoder.layer.attn
+            assert np.isclose(arr(attn.alpha)[0], 1 / np.sqrt(cfg.d_model / cfg.n_head), rtol=1e-7, atol=0)
+
+
+@pytest.mark.parametrize("model", ["ndr", "transformer-rel-gate", "transformer-absrel-gate"])
+def test_copy_gate_starts_close_to_copy(model):
+    """docs/ndr.md Gate bias init: the gate's output bias c2 = −3 (NDR and the gated baselines), so
+    σ(−3) ≈ 0.047 and each layer starts close to copying its input."""
+    layer = Classifier(model, 5, 3, EncoderConfig(**{**TINY, "d_model": 16, "d_ff": 32})).encoder.layer
+    assert np.all(arr(layer.gate.fc2.bias) == -3.0)
+
+
+def test_relative_attention_starts_at_alpha_one_over_sqrt_d_head_and_zero_u_v():
+    """docs/ndr.md + rel init: α = 1/√d_head (learned), the content and position biases u = v = 0."""
+    m = RelativeMultiHeadAttention(16, 4)
+    assert arr(m.alpha).tolist() == [0.5] and not arr(m.u).any() and not arr(m.v).any()
+    assert np.isclose(arr(RelativeMultiHeadAttention(24, 2).alpha)[0], 1 / np.sqrt(12), rtol=1e-7, atol=0)
+
+
+# --- where each attention applies dropout (docs/ndr.md §3.7, §4.1, §4.2; the official code) ---------------
+
+
+def test_geometric_attention_drops_out_the_keys():
+    """docs/ndr.md §3.7 attention dropout: one inverted-dropout mask on the keys k before q·k (the code's
+    site; not on A, q or v), so z_ij = α q_i·k̃_j + β D_ij + γ; none at evaluation."""
+    m = randomize(GeometricAttention(8, 2, attention_dropout=0.4))
+    m.set_rng(RNG(3))
+    x, mask = X(2, 5, 8), np.array([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], bool)
+    with ref.recorded_masks(nn.Dropout) as masks:
+        y = out(m(Tensor(x), key_mask=mask))
+    assert [d.shape for d in masks] == [(2, 2, 5, 4)], "one mask, on the keys (B, H, T, d_h)"
+    np.testing.assert_allclose(y, geometric_reference(m, x, mask, key_drop=masks[0]), **TOL)
+    with eval_mode():
+        np.testing.assert_allclose(out(m(Tensor(x), key_mask=mask)), geometric_reference(m, x, mask), **TOL)
+
+
+@pytest.mark.parametrize("abs_gate", [False, True])
+def test_relative_attention_drops_out_keys_and_positions(abs_gate):
+    """docs/ndr.md §4.2 attention dropout: one mask on the keys k and one on the projected positions r
+    (giving k̃ and r̃; the absolute r^abs_j of the gated form are r̃'s rows at offsets 0..T−1), none on the
+    weights or values."""
+    m = randomize(RelativeMultiHeadAttention(8, 2, attention_dropout=0.4, abs_gate=abs_gate))
+    m.set_rng(RNG(3))
+    x, mask = X(2, 5, 8), np.array([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], bool)
+    with ref.recorded_masks(nn.Dropout) as masks:
+        y = out(m(Tensor(x), key_mask=mask))
+    assert [d.shape for d in masks] == [(2, 2, 5, 4), (2, 9, 4)], "a mask on k (B, H, T, d_h), one on r"
+    want = relative_reference(m, x, mask, abs_gate, key_drop=masks[0], pos_drop=masks[1])
+    np.testing.assert_allclose(y, want, **TOL)
+
+
+def test_plain_transformer_applies_no_attention_dropout():
+    """docs/ndr.md §4.1 no attention dropout: the code's plain softmax MHA applies none even where the run
+    sets ``attention_dropout``; its layer drops out the attention output and the FF hidden layer only."""
+    cfg = EncoderConfig(**{**TINY, "attention_dropout": 0.5})
+    attn = randomize(Classifier("transformer", 5, 3, cfg)).encoder.layer.attn
+    attn.set_rng(RNG(3))
+    x = X(2, 5, 4)
+    with ref.recorded_masks(nn.Dropout) as masks:
+        y = out(attn(Tensor(x)))
+    assert masks == []
+    np.testing.assert_allclose(y, ref.mha(attn, x), **TOL)
+
+
+# --- what a run builds: the optimizer and clipping (docs/ndr.md §6, Tables 4-6) -------------------------
+
+
+@pytest.mark.parametrize("task", NDR.tasks)
+@pytest.mark.parametrize("model", list(NDR.models))
+def test_each_preset_builds_adamw_from_the_runs_settings(task, model):
+    """docs/ndr.md Optimizer: AdamW, β (0.9, 0.999), ε 1e-8, decoupled weight decay p ← p − lr·wd·p on every
+    parameter, a constant rate (no warm-up, no decay), at the run's own lr and weight decay, for both
+    presets and for values given on the command line."""
+    params = [nn.Parameter(np.full(3, 2.0)), nn.Parameter(np.full((2, 2), -1.0))]
+    for preset in ("paper", "cpu"):
+        for given in ({}, dict(lr=2.5e-3, weight_decay=0.0375)):
+            cfg = schedule(make_config(task, model, preset, **given))
+            assert (cfg.lr, cfg.weight_decay) == (given.get("lr", cfg.lr), given.get("weight_decay", cfg.weight_decay))
+            ref.check_optimizer(optimizer(cfg, params), cfg, optim.AdamW, (0.9, 0.999), 1e-8, lambda t: cfg.lr,
+                                steps=(1, 2, 1000))
+
+
+# The paper's rows (its Tables 4-6, the official sweeps; docs/ndr.md §6): lr, weight decay, clipping norm.
+PAPER_TRAINING = {
+    ("ctl", "transformer"): (1.5e-4, 0.0025, 5.0), ("ctl", "transformer-rel"): (1.5e-4, 0.0025, 5.0),
+    ("ctl", "transformer-rel-gate"): (2e-4, 0.01, 5.0), ("ctl", "transformer-absrel-gate"): (2e-4, 0.01, 5.0),
+    ("ctl", "transformer-geom"): (1.5e-4, 0.0025, 5.0), ("ctl", "ndr"): (1.5e-4, 0.01, 5.0),
+    ("arith", "transformer"): (1.5e-4, 0.0025, 1.0), ("arith", "transformer-rel"): (1.5e-4, 0.0025, 1.0),
+    ("arith", "transformer-absrel-gate"): (1.5e-4, 0.01, 1.0), ("arith", "ndr"): (1.5e-4, 0.01, 1.0),
+    ("listops", "transformer"): (4e-4, 0.05, 1.0), ("listops", "transformer-rel"): (4e-4, 0.05, 1.0),
+    ("listops", "transformer-absrel-gate"): (2e-4, 0.09, 1.0), ("listops", "ndr"): (2e-4, 0.09, 1.0),
+}
+
+
+@pytest.mark.parametrize("task,model", list(PAPER_TRAINING))
+def test_paper_presets_train_at_the_papers_rate_decay_and_clipping(task, model):
+    """docs/ndr.md Tables 4-6 lr, wd, clipping: the paper preset's learning rate, weight decay and global
+    gradient-norm clip are the paper's (clip 5 on CTL, 1 on arithmetic and ListOps; ctl-backward as ctl);
+    the cpu preset keeps the decay and the clip (it shrinks the model, batch and steps, and may raise lr);
+    and clipping at the run's ``grad_clip`` scales the gradients to that global L2 norm."""
+    lr, wd, clip = PAPER_TRAINING[task, model]
+    for t in (task, "ctl-backward") if task == "ctl" else (task,):
+        paper, cpu = make_config(t, model, "paper"), make_config(t, model, "cpu")
+        assert (paper.lr, paper.weight_decay, paper.grad_clip) == (lr, wd, clip)
+        assert (cpu.weight_decay, cpu.grad_clip) == (wd, clip)
+    params = [nn.Parameter(np.ones(3)), nn.Parameter(np.ones(4))]
+    for p, g in zip(params, (X(3), X(4, seed=1))):
+        p.grad = g * 10
+    total = float(out(optim.clip_grad_norm(params, paper.grad_clip)))
+    assert total > clip
+    np.testing.assert_allclose(np.sqrt(sum((out(p.grad) ** 2).sum() for p in params)), clip, rtol=1e-5)
