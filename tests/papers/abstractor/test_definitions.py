@@ -9,10 +9,17 @@ import math
 import numpy as np
 import pytest
 
+from minattn import nn, optim
+from minattn.attention.multihead import MultiHeadAttention
 from minattn.attention.relational import RelationalCrossAttention
-from minattn.engine import Tensor
+from minattn.backend import RNG
+from minattn.engine import Tensor, eval_mode
+from minattn.lab.recipes import RelationalTasks, Sort
+from minattn.lab.recipes.base import optimizer, schedule
+from minattn.lab.settings import make_config
 from minattn.models.abstractor import (Abstractor, AbstractorConfig, AbstractorLayer, AbstractorSeq2Seq,
-                                       RelationalClassifier, SimplifiedConfig)
+                                       PositionalSymbols, RelationalClassifier, SimplifiedConfig,
+                                       SymbolicAttention)
 from tests import defs_reference as ref
 from tests.defs_reference import TOL, X, arr, out, randomize
 
@@ -128,3 +135,62 @@ def test_relational_classifier_is_the_simplified_abstractor_and_a_flat_mlp():
         A = ffn_block(layer.ffn, R)
     h = ref.relu(ref.linear(model.hidden, A.reshape(2, -1)))
     np.testing.assert_allclose(out(model(Tensor(x))), ref.linear(model.out, h), **TOL)
+
+
+# --- initial values, dropout sites and what a run builds (docs/abstractor.md §2-§3, §6) ---------------------
+
+
+def test_learned_symbols_start_standard_normal_and_the_library_at_0_05():
+    """docs/abstractor.md Symbols init: learned positional symbols s_i ~ N(0, 1) (the code's); symbolic
+    attention's library S_lib and bindings B ~ N(0, 0.05²)."""
+    s = arr(PositionalSymbols(64, 64).symbols)
+    assert abs(s.mean()) < 0.05 and abs(s.std() - 1) < 0.03
+    lib = SymbolicAttention(64, 64, 4)
+    for p in (lib.library, lib.binding):
+        assert abs(arr(p).mean()) < 0.005 and abs(arr(p).std() - 0.05) < 0.003
+
+
+def test_rca_drops_out_the_relation_weights():
+    """docs/abstractor.md RCA dropout: dropout (0.1 in the code) on the attention weights α_h = σ_rel(R_h),
+    before they pool the symbols: A = concat_h(Drop(α_h) S W_v^h) W_o; none at evaluation."""
+    m = randomize(RelationalCrossAttention(4, 2, d_head=3, attention_dropout=0.4))
+    m.set_rng(RNG(3))
+    x, s = X(2, 5, 4), X(2, 5, 4, seed=1)
+    with ref.recorded_masks(nn.Dropout) as masks:
+        y = out(m(Tensor(x), Tensor(s), key_mask=MASK5))
+    assert [d.shape for d in masks] == [(2, 2, 5, 5)], "one mask, on α (B, H, T, T)"
+    np.testing.assert_allclose(y, ref.rca(m, x, s, 1 / math.sqrt(3), MASK5, drop=masks[0]), **TOL)
+    with eval_mode():
+        np.testing.assert_allclose(out(m(Tensor(x), Tensor(s), key_mask=MASK5)),
+                                   ref.rca(m, x, s, 1 / math.sqrt(3), MASK5), **TOL)
+
+
+def test_keras_attention_drops_out_its_weights():
+    """docs/abstractor.md MHA dropout: the Keras MultiHeadAttention of the code (and of the encoder–decoder
+    baselines) drops out the softmax weights: head_h = Drop(softmax(Q_h K_hᵀ/√d_k)) V_h."""
+    m = randomize(MultiHeadAttention(6, 2, attention_dropout=0.4, d_head=4, bias=True))
+    m.set_rng(RNG(3))
+    x, c = X(2, 3, 6), X(2, 5, 6, seed=1)
+    with ref.recorded_masks(nn.Dropout) as masks:
+        y = out(m(Tensor(x), context=Tensor(c), key_mask=MASK5))
+    assert [d.shape for d in masks] == [(2, 2, 3, 5)], "one mask, on the weights (B, H, T, S)"
+    np.testing.assert_allclose(y, ref.mha(m, x, c, key_mask=MASK5, drop=masks[0]), **TOL)
+
+
+ABSTRACTOR_PRESETS = [(t, m) for r in (Sort, RelationalTasks) for t in r.tasks for m in r.models]
+
+
+@pytest.mark.parametrize("task,model", ABSTRACTOR_PRESETS)
+def test_each_preset_builds_adam_at_1e_3_from_the_runs_settings(task, model):
+    """docs/abstractor.md Optimizer: Adam lr 1e-3, β (0.9, 0.999), no decay (AdamW at weight decay 0: the
+    same update), a constant rate, no gradient clipping; ε 1e-8 where Keras has 1e-7 (a documented choice,
+    minattn/lab/recipes/abstractor.py). The optimizer follows the run's own lr and weight decay, given or
+    preset."""
+    params = [nn.Parameter(np.full(3, 2.0))]
+    for preset in ("paper", "cpu"):
+        for given in ({}, dict(lr=2.5e-3, weight_decay=0.0375)):
+            cfg = schedule(make_config(task, model, preset, **given))
+            assert (cfg.lr, cfg.weight_decay, cfg.grad_clip) == (given.get("lr", 1e-3), given.get("weight_decay", 0.0),
+                                                                 0.0)
+            ref.check_optimizer(optimizer(cfg, params), cfg, optim.AdamW, (0.9, 0.999), 1e-8, lambda t: cfg.lr,
+                                steps=(1, 2, 1000))

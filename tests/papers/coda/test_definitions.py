@@ -10,8 +10,13 @@ import math
 import numpy as np
 import pytest
 
+from minattn import nn, optim
 from minattn.attention.coda import COMPOSITIONS, CoDAConfig, CoDAttention, PairwiseCoDA
-from minattn.engine import Tensor
+from minattn.backend import RNG
+from minattn.engine import Tensor, eval_mode
+from minattn.lab.recipes import CoDA
+from minattn.lab.recipes.base import WarmupAdamW, optimizer, schedule
+from minattn.lab.settings import make_config
 from minattn.models.seq2seq import CoDASeq2SeqTransformer, EncoderDecoderConfig
 from tests import defs_reference as ref
 from tests.defs_reference import TOL, X, arr, out, randomize
@@ -51,9 +56,11 @@ def quasi_reference(E, N, ok, stats, gate, center_e, composition, row_mean):
     return np.where(ok, f_e(E) * g, 0.0)
 
 
-def coda_reference(m, x, key_mask, causal, alpha, beta, gate, center_e, composition, row_mean, scale=True):
+def coda_reference(m, x, key_mask, causal, alpha, beta, gate, center_e, composition, row_mean, scale=True,
+                   drop=None):
     """CoDA in the Transformer (Eq. 10), head by head: E = α Q Kᵀ/√d_k, N = −β ‖q_i − k_j‖₁/√d_k,
-    Out = Concat_h(M_h V_h) W_o with M from ``quasi_reference``; Mean(·) counts real keys and real queries."""
+    Out = Concat_h(M_h V_h) W_o with M from ``quasi_reference``; Mean(·) counts real keys and real queries.
+    ``drop`` (B, H, T, T): a dropout mask on M (docs/coda.md §2, the base model's attention dropout)."""
     B, T, _ = x.shape
     H, dh = m.n_head, m.d_head
     inner = H * dh
@@ -70,7 +77,7 @@ def coda_reference(m, x, key_mask, causal, alpha, beta, gate, center_e, composit
             E = np.array([[alpha * s * (q[b, i, sl] @ k[b, j, sl]) for j in range(T)] for i in range(T)])
             N = np.array([[-beta * s * np.abs(q[b, i, sl] - k[b, j, sl]).sum() for j in range(T)] for i in range(T)])
             M = quasi_reference(E, N, ok[b], stats, gate, center_e, composition, row_mean)
-            heads[b, :, sl] = M @ v[b, :, sl]
+            heads[b, :, sl] = (M if drop is None else M * drop[b, h]) @ v[b, :, sl]
     return ref.linear(m.out, heads)
 
 
@@ -155,3 +162,52 @@ def test_pairwise_coda_is_eqs_1_to_7(gate, shared):
         M = quasi_reference(E, N, ok, ok, gate, True, "tanh-sigmoid", False)
         np.testing.assert_allclose(out(a2)[s], M @ b[s], **TOL)
         np.testing.assert_allclose(out(b2)[s], M.T @ a[s], **TOL)
+
+
+# --- dropout and what a run builds (docs/coda.md §2, §6) --------------------------------------------------
+
+
+def test_coda_drops_out_the_quasi_attention_matrix():
+    """docs/coda.md M dropout: the base model's attention dropout acts on M (where softmax attention drops
+    its weights), one inverted-dropout mask per call: Out = Concat_h(Drop(M_h) V_h) W_o; none at evaluation."""
+    m = randomize(CoDAttention(6, 2, attention_dropout=0.4, gate="centered", center_e=True, bias=True))
+    m.set_rng(RNG(3))
+    x = X(2, 5, 6)
+    with ref.recorded_masks(nn.Dropout) as masks:
+        y = out(m(Tensor(x), key_mask=MASK5))
+    assert [d.shape for d in masks] == [(2, 2, 5, 5)], "one mask, on M (B, H, T, T)"
+    args = (m, x, MASK5, False, 1.0, 1.0, "centered", True, "tanh-sigmoid", False)
+    np.testing.assert_allclose(y, coda_reference(*args, drop=masks[0]), **TOL)
+    with eval_mode():
+        np.testing.assert_allclose(out(m(Tensor(x), key_mask=MASK5)), coda_reference(*args), **TOL)
+
+
+def test_mlu_presets_set_beta_to_one_over_sqrt_d_k():
+    """docs/coda.md β = 1/√d_k: both presets set CoDA's β to 1/√d_k (so N = G/d_k with the 1/√d_k
+    scaling of §3), α = 1, the centred gate off (Eq. 5's 2σ(N)), and every attention of the CoDA model
+    uses them."""
+    for preset in ("paper", "cpu"):
+        cfg = make_config("mlu", "transformer-seq2seq-coda", preset).model_config
+        assert math.isclose(cfg.coda_beta, 1 / math.sqrt(cfg.d_head)) and cfg.coda_alpha == 1.0
+        small = dataclasses.replace(cfg, d_model=8, n_head=2, d_head=4, d_ff=8)
+        model = CoDASeq2SeqTransformer(5, 5, small, d_src=3)
+        for a in (model.encoder[0].attn, model.decoder[0].self_attn, model.decoder[0].cross[0]):
+            assert (type(a), a.alpha, a.beta, a.gate) == (CoDAttention, 1.0, small.coda_beta, small.coda_gate)
+
+
+@pytest.mark.parametrize("model", list(CoDA.models))
+def test_each_preset_builds_adam_with_the_transformer_warmup(model):
+    """docs/coda.md Optimizer: Adam β (0.9, 0.98), ε 1e-9 (AdamW without decay: the same update), the rate
+    rising linearly to the run's lr over its ``warmup`` steps, then lr·√(warmup/t) (Vaswani et al. 2017
+    §5.3), at the run's lr, decay and warm-up, given or preset; no gradient clipping."""
+    params = [nn.Parameter(np.full(3, 2.0))]
+    for preset in ("paper", "cpu"):
+        for given in ({}, dict(lr=2.5e-3, weight_decay=0.0375, warmup=30)):
+            cfg = schedule(make_config("mlu", model, preset, **given))
+            w = cfg.options.warmup
+            assert (cfg.lr, cfg.weight_decay, cfg.grad_clip, w) == (
+                given.get("lr", 1e-3), given.get("weight_decay", 0.0), 0.0,
+                given.get("warmup", 4000 if preset == "paper" else 1000))
+            ref.check_optimizer(optimizer(cfg, params), cfg, WarmupAdamW, (0.9, 0.98), 1e-9,
+                                lambda t: cfg.lr * min(t / w, math.sqrt(w / t)), steps=(1, 2, w // 2, w, 4 * w))
+    assert issubclass(WarmupAdamW, optim.AdamW)

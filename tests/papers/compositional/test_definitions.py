@@ -8,8 +8,12 @@ import math
 import numpy as np
 import pytest
 
+from minattn import nn, optim
 from minattn.attention.compositional import CompositionalAttention
 from minattn.engine import Tensor
+from minattn.lab.recipes import Compositional
+from minattn.lab.recipes.base import optimizer, schedule
+from minattn.lab.settings import make_config
 from minattn.models.compositional import CRTConfig, CRTModel
 from tests import defs_reference as ref
 from tests.defs_reference import TOL, X, arr, out, randomize
@@ -87,3 +91,32 @@ def test_crt_models_are_mlp_attention_mlp(name):
                                     concat=True, mask_diagonal=True)
     want = ref.linear(model.dec2, ref.relu(ref.linear(model.dec1, a)))[..., 0]
     np.testing.assert_allclose(out(model(Tensor(x))), want, **TOL)
+
+
+# --- initial values and what a run builds (docs/compositional.md §3.4, §7) ---------------------------------
+
+
+def test_separate_retrieval_keys_start_as_the_codes_group_linear():
+    """docs/compositional.md GroupLinear init: with ``separate`` each retrieval's W̄_k^r ~ U(±√(6/(d_v + d_r)))
+    (d_r = d_s) and b̄_k^r = 0; every other layer PyTorch's Linear default U(±1/√fan_in)."""
+    m = CompositionalAttention(64, 2, 4, search_dim=64, value_dim=128, separate=True)
+    bound = math.sqrt(6 / (32 + 32))
+    w = arr(m.w_key)
+    assert np.abs(w).max() <= bound and np.abs(w).max() > 0.95 * bound and not arr(m.b_key).any()
+    q = arr(m.query.weight)
+    assert np.abs(q).max() <= 1 / math.sqrt(64) and np.abs(q).max() > 0.95 / math.sqrt(64)
+
+
+@pytest.mark.parametrize("model", list(Compositional.models))
+def test_each_preset_builds_adam_at_1e_4_without_decay_clipping_or_schedule(model):
+    """docs/compositional.md Optimizer: Adam lr 1e-4, β (0.9, 0.999), ε 1e-8, no weight decay (AdamW at 0: the
+    same update), no clipping, no schedule; the optimizer follows the run's own lr and weight decay, given
+    or preset."""
+    params = [nn.Parameter(np.full(3, 2.0))]
+    for preset in ("paper", "cpu"):
+        for given in ({}, dict(lr=2.5e-3, weight_decay=0.0375)):
+            cfg = schedule(make_config("retrieval", model, preset, **given))
+            assert (cfg.lr, cfg.weight_decay, cfg.grad_clip) == (given.get("lr", 1e-4), given.get("weight_decay", 0.0),
+                                                                 0.0)
+            ref.check_optimizer(optimizer(cfg, params), cfg, optim.AdamW, (0.9, 0.999), 1e-8, lambda t: cfg.lr,
+                                steps=(1, 2, 1000))

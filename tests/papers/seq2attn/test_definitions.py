@@ -9,9 +9,13 @@ import math
 import numpy as np
 import pytest
 
+from minattn import nn, optim
 from minattn.attention.additive import AdditiveAttention
 from minattn.backend import RNG
 from minattn.engine import Tensor, eval_mode
+from minattn.lab.recipes import Seq2Attn as Seq2AttnRecipe
+from minattn.lab.recipes.base import optimizer, schedule
+from minattn.lab.settings import make_config
 from minattn.models.seq2attn import Seq2Attn, model_config
 from tests import defs_reference as ref
 from tests.defs_reference import TOL, X, arr, out, randomize
@@ -168,3 +172,67 @@ def test_seq2seq_training_loss_with_teacher_forcing_feeds_the_gold_prefix():
     want = -sum(logp[b, t, TGT[b, t]] for b in range(2) for t in range(TGT_LEN[b])) / 2
     model.set_rng(RNG(0))
     np.testing.assert_allclose(float(out(model.loss(SRC, SRC_LEN, TGT, TGT_LEN))), want, **TOL)
+
+
+# --- initial values, dropout and what a run builds (docs/seq2attn.md §1.8; the reference code) -------------
+
+
+@pytest.mark.parametrize("name,cell", [("seq2attn", "gru"), ("seq2seq", "lstm")])
+def test_every_parameter_starts_uniform_0_08_but_the_temperature(name, cell):
+    """docs/seq2attn.md Init: every parameter (embeddings, RNN weights and biases, attention MLP, output
+    layer, the learned decoder init h_0) U(−0.08, 0.08); the temperature estimator keeps its default
+    (w_τ, b_τ ~ U(±1/√H)) and the latent θ = log τ_init."""
+    H = 100
+    for temperature in ("conditioned", "latent"):
+        cfg = model_config(name, d_embedding=H, d_hidden=H, cell=cell, n_layers=2, temperature=temperature,
+                           tau_init=3.0)
+        model = Seq2Attn(cfg, 30, 20, sos_id=2)
+        for key, p in model.named_parameters():
+            w = arr(p)
+            if key.startswith("attention.log_tau"):
+                np.testing.assert_allclose(w, [math.log(3.0)], rtol=1e-7)
+            elif key.startswith("attention.w_tau."):
+                assert np.abs(w).max() <= 1 / math.sqrt(H) and (w.size < 50 or np.abs(w).max() > 0.09), key
+            else:
+                assert np.abs(w).max() <= 0.08 and (w.size < 50 or np.abs(w).max() > 0.07), key
+
+
+def test_stacked_rnns_drop_out_between_layers_only():
+    """docs/seq2attn.md Inter-layer dropout: a stack of RNN cells drops out the output of every layer but
+    the last, as the next layer's input (PyTorch's ``dropout``): not the input, not the top output, not the
+    state; with one layer it is a no-op."""
+    model = randomize(Seq2Attn(model_config("seq2seq", d_embedding=4, d_hidden=4, cell="lstm", n_layers=3,
+                                            dropout=0.4), 7, 6, sos_id=2))
+    model.set_rng(RNG(3))
+    rnn, x = model.encoder, X(2, 4)
+    state = [(X(2, 4, seed=i), X(2, 4, seed=10 + i)) for i in range(3)]
+    with ref.recorded_masks(nn.Dropout) as masks:
+        top, new = rnn(Tensor(x), [(Tensor(h), Tensor(c)) for h, c in state])
+    assert [d.shape for d in masks] == [(2, 4), (2, 4)], "a mask before layers 2 and 3"
+    inp = x
+    for i, (cell, (h, c)) in enumerate(zip(rnn.cells, state)):
+        want_h, want_c = ref.lstm(cell, inp * masks[i - 1] if i else inp, h, c)
+        np.testing.assert_allclose(out(new[i][0]), want_h, **TOL)
+        np.testing.assert_allclose(out(new[i][1]), want_c, **TOL)
+        inp = want_h
+    np.testing.assert_allclose(out(top), inp, **TOL)
+
+
+SEQ2ATTN_PRESETS = [(t, m) for t in Seq2AttnRecipe.tasks for m in Seq2AttnRecipe.models]
+
+
+@pytest.mark.parametrize("task,model", SEQ2ATTN_PRESETS)
+def test_each_preset_builds_adam_and_clips_at_5(task, model):
+    """docs/seq2attn.md Optimizer: Adam, β (0.9, 0.999), ε 1e-8, no decay (AdamW at weight decay 0: the
+    same update), a constant rate (1e-3 in the paper preset; the cpu preset's SCAN seq2attn 3e-4), global
+    gradient-norm clipping at 5; the optimizer follows the run's own lr and weight decay, given or preset."""
+    options = dict(split="simple") if task == "scan" else {}
+    params = [nn.Parameter(np.full(3, 2.0))]
+    for preset in ("paper", "cpu"):
+        for given in ({}, dict(lr=2.5e-3, weight_decay=0.0375)):
+            cfg = schedule(make_config(task, model, preset, **options, **given))
+            paper_lr = 3e-4 if (task, model, preset) == ("scan", "seq2attn", "cpu") else 1e-3
+            assert (cfg.lr, cfg.weight_decay, cfg.grad_clip) == (given.get("lr", paper_lr),
+                                                                 given.get("weight_decay", 0.0), 5.0)
+            ref.check_optimizer(optimizer(cfg, params), cfg, optim.AdamW, (0.9, 0.999), 1e-8, lambda t: cfg.lr,
+                                steps=(1, 2, 1000))
