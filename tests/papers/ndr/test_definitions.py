@@ -384,3 +384,130 @@ def test_paper_presets_train_at_the_papers_rate_decay_and_clipping(task, model):
     total = float(out(optim.clip_grad_norm(params, paper.grad_clip)))
     assert total > clip
     np.testing.assert_allclose(np.sqrt(sum((out(p.grad) ** 2).sum() for p in params)), clip, rtol=1e-5)
+
+
+def spans(w, bound):
+    """The entries of ``w`` lie in ±bound and reach near it: a U(±bound) draw (for a few hundred entries)."""
+    w = np.abs(arr(w))
+    return w.max() <= bound * (1 + 1e-6) and w.max() > 0.9 * bound
+
+
+def test_ndr_layers_start_at_the_codes_bounds():
+    """docs/ndr.md §5 init: geometric attention's W_q, W_k, W_v, W_o ~ U(±√(6/(d + d_head))); W_s, b_s
+    PyTorch's Linear default U(±1/√d); NDR's FF Xavier-uniform with gains √2 (W1) and 5/3 (W2), the gate's
+    with √2 (G1) and 1 (G2); the "+ gate" baselines' W2 the default; the post-LN FF gains √2 and 1;
+    relative attention Xavier-uniform (W_q, W_R over (d, d), the fused [W_k | W_v] over (d, 2d));
+    LayerNorm gain 1, bias 0."""
+    d, H, d_ff = 64, 4, 128
+    cfg = EncoderConfig(**{**TINY, "d_model": d, "n_head": H, "d_ff": d_ff})
+    ndr = Classifier("ndr", 5, 3, cfg).encoder.layer
+    attn = ndr.attn
+    assert spans(attn.w_qkv, np.sqrt(6 / (d + d // H))) and spans(attn.w_o, np.sqrt(6 / (d + d // H)))
+    assert spans(attn.direction.weight, 1 / np.sqrt(d)) and np.abs(arr(attn.direction.bias)).max() <= 1 / np.sqrt(d)
+    xavier = lambda fan_in, fan_out, gain=1.0: gain * np.sqrt(6 / (fan_in + fan_out))  # noqa: E731
+    assert spans(ndr.ff.fc1.weight, xavier(d, d_ff, np.sqrt(2))) and spans(ndr.ff.fc2.weight, xavier(d_ff, d, 5 / 3))
+    assert spans(ndr.gate.fc1.weight, xavier(d, d, np.sqrt(2))) and spans(ndr.gate.fc2.weight, xavier(d, d))
+    for norm in (ndr.norm_merge, ndr.norm_out):
+        assert np.all(arr(norm.weight) == 1) and not arr(norm.bias).any()
+    gated = Classifier("transformer-rel-gate", 5, 3, cfg).encoder.layer
+    assert spans(gated.ff.fc1.weight, xavier(d, d_ff, np.sqrt(2))) and spans(gated.ff.fc2.weight, 1 / np.sqrt(d_ff))
+    rel = Classifier("transformer-rel", 5, 3, cfg).encoder.layer
+    assert spans(rel.ff.fc1.weight, xavier(d, d_ff, np.sqrt(2))) and spans(rel.ff.fc2.weight, xavier(d_ff, d))
+    assert spans(rel.attn.w_q, xavier(d, d)) and spans(rel.attn.w_r, xavier(d, d))
+    assert spans(rel.attn.w_kv, xavier(d, 2 * d))
+
+
+# The paper preset's embedding init (docs/ndr.md §5, recipes/ndr.py): N(0, 1), Kaiming-normal N(0, 2/d) or
+# Xavier-uniform.
+EMBEDDING_INIT = {
+    ("ctl", "ndr"): "normal", ("ctl", "transformer-rel-gate"): "normal", ("ctl", "transformer"): "normal",
+    ("ctl", "transformer-rel"): "kaiming", ("ctl", "transformer-geom"): "kaiming",
+    ("arith", "transformer"): "normal", ("arith", "transformer-rel"): "kaiming",
+    ("arith", "transformer-absrel-gate"): "normal", ("listops", "transformer"): "normal",
+    ("listops", "transformer-rel"): "xavier", ("listops", "ndr"): "normal",
+}
+
+
+@pytest.mark.parametrize("task,model", list(EMBEDDING_INIT))
+def test_embeddings_start_as_the_code_draws_them(task, model):
+    """docs/ndr.md §5 embedding init: N(0, 1) for NDR, the gated models and the plain "Transformer" (the
+    code builds that variant without the sweep's init); Kaiming-normal, std √(2/d), for "+ rel" on CTL and
+    arithmetic and for "+ geom. att."; Xavier-uniform for ListOps "+ rel". No √d scaling at the input."""
+    cfg = make_config(task, model, "paper").model_config
+    V, d = 200, cfg.d_model
+    w = arr(Classifier(model, V - 2, 3, cfg).encoder.embedding.weight)
+    kind = EMBEDDING_INIT[task, model]
+    assert cfg.embedding_init == kind
+    std = {"normal": 1.0, "kaiming": np.sqrt(2 / d), "xavier": np.sqrt(6 / (V + d)) / np.sqrt(3)}[kind]
+    assert abs(w.std() / std - 1) < 0.03 and abs(w.mean()) < 0.03 * std
+    if kind == "xavier":
+        assert spans(w, np.sqrt(6 / (V + d)))
+
+
+def test_plain_transformer_drops_out_its_input_at_0_1():
+    """docs/ndr.md §4.1 input dropout: the plain "Transformer" adds PE to the embedding and applies a fixed
+    dropout of 0.1 to the sum, h⁰ = Drop_0.1(E[x] + PE), whatever the run's ``dropout``; the models without
+    input PE apply none."""
+    model = randomize(Classifier("transformer", 5, 3, EncoderConfig(**{**TINY, "n_steps": 1})))
+    model.set_rng(RNG(3))
+    ids, lengths = np.array([[6, 1, 2, 5, 0], [6, 3, 4, 0, 5]]), np.array([4, 5])
+    with ref.recorded_masks(nn.Dropout) as masks:
+        y = out(model(ids, lengths))
+    assert [d.shape for d in masks] == [(2, 5, 4)] and set(np.unique(masks[0])) <= {0.0, 1 / 0.9}
+    h = (arr(model.encoder.embedding.weight)[ids] + ref.sinusoid(range(5), 4).astype(np.float32)) * masks[0]
+    mask = np.arange(5)[None, :] < lengths[:, None]
+    h = out(model.encoder.layer(Tensor(h), key_mask=mask))
+    np.testing.assert_allclose(y, ref.linear(model.head, h[np.arange(2), lengths - 1]), **TOL)
+    ndr = Classifier("ndr", 5, 3, EncoderConfig(**{**TINY, "dropout": 0.3})).encoder
+    assert ndr.input_dropout.p == 0.0
+
+
+def hidden_masks(masks, rows, widths):
+    """The masks of hidden layers of ``widths`` columns side by side, drawn as one mask over all the columns
+    or as one mask each (a fused form draws one), as (rows, width) arrays in that order."""
+    if len(masks) == 1:
+        joint = masks[0].reshape(rows, sum(widths))
+        return np.split(joint, np.cumsum(widths)[:-1], axis=1)
+    assert [m.size for m in masks] == [rows * w for w in widths]
+    return [m.reshape(rows, w) for m, w in zip(masks, widths)]
+
+
+@pytest.mark.parametrize("tanh_out", [False, True])
+def test_copy_gate_layer_drops_out_where_the_code_does(tanh_out):
+    """docs/ndr.md §2 dropout sites: a = LN(h + Drop(Attn(h))); u = LN(W2 Drop(ReLU(W1 a + b1)) + b2) (tanh
+    for "+ gate"); g = σ(G2 Drop(ReLU(G1 a + c1)) + c2), then the gate dropout closes whole columns
+    (g ← 0, no rescaling); h' = g ⊙ u + (1 − g) ⊙ h. Nowhere else: not on u, g's logits or h'."""
+    cfg = EncoderConfig(**{**TINY, "dropout": 0.4, "gate_dropout": 0.3})
+    layer = randomize(CopyGateLayer(LinearStub(4), cfg, np.random.default_rng(0), tanh_out=tanh_out))
+    layer.set_rng(RNG(3))
+    h = X(2, 6, 4)
+    with ref.recorded_masks(nn.Dropout) as masks:
+        y = out(layer(Tensor(h)))
+    att, *hidden, gate = masks
+    assert att.size == 2 * 6 * 4 and gate.size == 2 * 6, [m.shape for m in masks]
+    m_ff, m_gate = hidden_masks(hidden, 12, (6, 4))
+    a = ref.layer_norm(h + LinearStub.ref(layer.attn, h) * att.reshape(h.shape), arr(layer.norm_merge.weight),
+                       arr(layer.norm_merge.bias), 1e-5).reshape(12, 4)
+    f = ref.linear(layer.ff.fc2, ref.relu(ref.linear(layer.ff.fc1, a)) * m_ff)
+    u = np.tanh(f) if tanh_out else ref.layer_norm(f, arr(layer.norm_out.weight), arr(layer.norm_out.bias), 1e-5)
+    g = ref.sigmoid(ref.linear(layer.gate.fc2, ref.relu(ref.linear(layer.gate.fc1, a)) * m_gate))
+    g = g * gate.reshape(12, 1)
+    assert set(np.unique(gate)) <= {0.0, 1.0}, "the gate dropout closes the gate, unscaled"
+    np.testing.assert_allclose(y, (g * u + (1 - g) * h.reshape(12, 4)).reshape(h.shape), **TOL)
+
+
+def test_post_ln_layer_drops_out_the_attention_and_ff_outputs_and_the_ff_hidden_layer():
+    """docs/ndr.md §4.1 dropout sites: x ← LN1(x + Drop(Attn(x))), then x ← LN2(x + Drop(W2 Drop(ReLU(W1 x +
+    b1)) + b2)), each an inverted dropout at the run's ``dropout``."""
+    layer = randomize(PostLNLayer(LinearStub(4), EncoderConfig(**{**TINY, "dropout": 0.4}),
+                                  np.random.default_rng(0)))
+    layer.set_rng(RNG(3))
+    x = X(2, 6, 4)
+    with ref.recorded_masks(nn.Dropout) as masks:
+        y = out(layer(Tensor(x)))
+    assert [m.size for m in masks] == [48, 72, 48], [m.shape for m in masks]
+    a = ref.layer_norm(x + LinearStub.ref(layer.attn, x) * masks[0].reshape(x.shape), arr(layer.norm1.weight),
+                       arr(layer.norm1.bias), 1e-5)
+    f = ref.linear(layer.ff.fc2, ref.relu(ref.linear(layer.ff.fc1, a)) * masks[1].reshape(2, 6, 6))
+    want = ref.layer_norm(a + f * masks[2].reshape(x.shape), arr(layer.norm2.weight), arr(layer.norm2.bias), 1e-5)
+    np.testing.assert_allclose(y, want, **TOL)
