@@ -1,5 +1,5 @@
-"""Plain-NumPy statements of the papers' equations, for the definition tests (tests/library/test_definitions.py
-and tests/papers/<paper>/test_definitions.py; issue 31 item 1).
+"""Plain-NumPy statements of the papers' equations, for the definition tests
+(tests/library/test_definitions.py and tests/papers/<paper>/test_definitions.py; issue 31 item 1).
 
 Nothing here imports minattn's ops or functional: every function takes NumPy arrays (a module's parameters
 read as arrays) and computes the paper's equation directly, with loops where that is clearest. The tests
@@ -61,7 +61,8 @@ def check_optimizer(opt, cfg, kind, betas, eps, rate, steps=(1, 2, 3)):
     ``steps`` (reached as --resume does, through the state's step count) and the decay at the run's wd."""
     assert type(opt) is kind, f"{type(opt).__name__}, not {kind.__name__}"
     assert tuple(opt.betas) == betas and opt.eps == eps, (opt.betas, opt.eps)
-    assert opt.weight_decay == cfg.weight_decay, f"weight decay {opt.weight_decay}, the run's {cfg.weight_decay}"
+    assert opt.weight_decay == cfg.weight_decay,\
+        f"weight decay {opt.weight_decay}, the run's {cfg.weight_decay}"
     for t in steps:
         opt.load_state_dict({"t": t - 1, "lr": opt.lr, "state": [{} for _ in opt.params]})
         before = [arr(p) for p in opt.params]

@@ -38,7 +38,8 @@ def ffn_block(block, x):
 
 @pytest.mark.parametrize("scale", ["sqrt", "none"])
 def test_rca_is_eq_6(scale):
-    """Relational cross-attention (§2.2, Eq. 6): queries and keys from the objects, values from the symbols."""
+    """docs/abstractor.md Eq. 6: relational cross-attention, with and without the √d scaling.
+    Relational cross-attention (§2.2, Eq. 6): queries and keys from the objects, values from the symbols."""
     m = randomize(RelationalCrossAttention(4, 2, d_head=3, scale=scale))
     x, s = X(2, 5, 4), X(2, 5, 4, seed=1)
     want = ref.rca(m, x, s, 1 / math.sqrt(3) if scale == "sqrt" else 1.0, MASK5)
@@ -47,7 +48,8 @@ def test_rca_is_eq_6(scale):
 
 @pytest.mark.parametrize("ablation", [False, True])
 def test_abstractor_layer_is_algorithm_1(ablation):
-    """Algorithm 1 with the code's symbol self-attention (§3): A ← LN(A + MHA(A)); A ← LN(A + RCA(X = E, S = A))
+    """docs/abstractor.md Algorithm 1:
+    Algorithm 1 with the code's symbol self-attention (§3): A ← LN(A + MHA(A)); A ← LN(A + RCA(X = E, S = A))
     — the residual onto the symbols; A ← LN(A + FFN(A)). The Ablation: A ← LN(A + MHA(Q = A, K = V = E))."""
     cfg = AbstractorConfig(**ABS)
     layer = randomize(AbstractorLayer(cfg, np.random.default_rng(0), ablation=ablation))
@@ -60,7 +62,9 @@ def test_abstractor_layer_is_algorithm_1(ablation):
 
 
 def test_simple_abstractor_layer_has_no_residual_around_rca():
-    """The pre-training "SimpleAbstractor" (docs/abstractor.md §3, its variant): no symbol self-attention, A ← RCA(E, A), FFN block."""
+    """docs/abstractor.md SimpleAbstractor:
+    The pre-training "SimpleAbstractor" (docs/abstractor.md §3, its variant): no symbol self-attention, A ←
+    RCA(E, A), FFN block."""
     cfg = AbstractorConfig(**ABS, symbol_self_attention=False, rca_residual=False)
     layer = randomize(AbstractorLayer(cfg, np.random.default_rng(0)))
     A, E = X(2, 5, 4), X(2, 5, 4, seed=1)
@@ -69,7 +73,9 @@ def test_simple_abstractor_layer_has_no_residual_around_rca():
 
 
 def test_abstractor_starts_from_sqrt_d_symbols_plus_pe_and_every_layer_reads_e():
-    """A⁽⁰⁾ = √d · S_{1:m} + PE (the code; docs/abstractor.md §2.1), then each layer l: A ← Layer_l(A, E) with the same objects E."""
+    """docs/abstractor.md A⁽⁰⁾:
+    A⁽⁰⁾ = √d · S_{1:m} + PE (the code; docs/abstractor.md §2.1), then each layer l: A ← Layer_l(A, E) with
+    the same objects E."""
     cfg = AbstractorConfig(**ABS)
     abstractor = randomize(Abstractor(cfg, np.random.default_rng(0)))
     E = X(2, 5, 4)
@@ -84,7 +90,8 @@ def test_abstractor_starts_from_sqrt_d_symbols_plus_pe_and_every_layer_reads_e()
                                                           ("d", False, "paper"), ("e", False, "paper"),
                                                           ("e", True, "paper"), ("d", False, "code")])
 def test_abstractor_architectures_wire_their_contexts(architecture, attend_a1, form):
-    """§3, Fig. 2: (a) the decoder reads A = Abstractor(embedded X) (no encoder); (b) A = Abstractor(Encoder(X));
+    """docs/abstractor.md Fig. 2, Algorithm 2:
+    §3, Fig. 2: (a) the decoder reads A = Abstractor(embedded X) (no encoder); (b) A = Abstractor(Encoder(X));
     (d) [E, A] with A = Abstractor(E); (e) [E, A2] with A2 = Abstractor2(A1), A1 = Abstractor1(E) (+ A1 between
     them with ``attend_a1``). The multi-attention decoder (Algorithm 2) reads the contexts in that order; the
     code form stacks one full decoder layer per context."""
@@ -116,9 +123,11 @@ def test_abstractor_architectures_wire_their_contexts(architecture, attend_a1, f
 
 
 def test_relational_classifier_is_the_simplified_abstractor_and_a_flat_mlp():
-    """docs/abstractor.md §1.3 / the discriminative models: X = Dense(x); A⁰ = S (learned symbols, no √d, no PE); per layer
-    A ← Drop(LN(R + FFN(R))), R = SimplifiedRCA(X, A) with the same X every layer; flatten; ReLU hidden; logits.
-    SimplifiedRCA per relation r: R^r = ⟨W_q^r x_i, W_k^r x_j⟩ (unscaled), Ã^r = σ(R^r) S, A = concat_r P^r Ã^r."""
+    """docs/abstractor.md §1.3 simplified Abstractor:
+    docs/abstractor.md §1.3 / the discriminative models: X = Dense(x); A⁰ = S (learned symbols, no √d, no PE);
+    per layer A ← Drop(LN(R + FFN(R))), R = SimplifiedRCA(X, A) with the same X every layer; flatten; ReLU
+    hidden; logits. SimplifiedRCA per relation r: R^r = ⟨W_q^r x_i, W_k^r x_j⟩ (unscaled), Ã^r = σ(R^r) S, A =
+    concat_r P^r Ã^r."""
     cfg = SimplifiedConfig(d_model=4, n_relations=2, d_key=3, d_ff=5, n_layers=2, dropout=0.0)
     model = randomize(RelationalClassifier(3, 3, 2, cfg))
     x = X(2, 3, 3)
@@ -190,7 +199,7 @@ def test_each_preset_builds_adam_at_1e_3_from_the_runs_settings(task, model):
     for preset in ("paper", "cpu"):
         for given in ({}, dict(lr=2.5e-3, weight_decay=0.0375)):
             cfg = schedule(make_config(task, model, preset, **given))
-            assert (cfg.lr, cfg.weight_decay, cfg.grad_clip) == (given.get("lr", 1e-3), given.get("weight_decay", 0.0),
-                                                                 0.0)
-            ref.check_optimizer(optimizer(cfg, params), cfg, optim.AdamW, (0.9, 0.999), 1e-8, lambda t: cfg.lr,
-                                steps=(1, 2, 1000))
+            want = (given.get("lr", 1e-3), given.get("weight_decay", 0.0), 0.0)
+            assert (cfg.lr, cfg.weight_decay, cfg.grad_clip) == want
+            ref.check_optimizer(optimizer(cfg, params), cfg, optim.AdamW, (0.9, 0.999), 1e-8,
+                                lambda t: cfg.lr, steps=(1, 2, 1000))

@@ -85,6 +85,7 @@ def coda_reference(m, x, key_mask, causal, alpha, beta, gate, center_e, composit
 @pytest.mark.parametrize("gate,center_e,row_mean", [("scaled", False, False), ("centered", False, False),
                                                     ("centered", True, False), ("centered", True, True)])
 def test_coda_is_eq_10_with_every_table_9_composition(composition, gate, center_e, row_mean):
+    """docs/coda.md Eq. 10, Table 9: CoDA in the Transformer, every composition and centring."""
     m = randomize(CoDAttention(6, 2, alpha=0.7, beta=0.4, gate=gate, center_e=center_e, composition=composition,
                                row_mean=row_mean, bias=True))
     x = X(2, 5, 6)
@@ -94,7 +95,8 @@ def test_coda_is_eq_10_with_every_table_9_composition(composition, gate, center_
 
 @pytest.mark.parametrize("gate", ["scaled", "centered"])
 def test_coda_causal_and_unscaled(gate):
-    """The decoder's causal CoDA (future keys weight 0, Mean per row) and footnote 3's unscaled form."""
+    """docs/coda.md Causal, footnote 3:
+    The decoder's causal CoDA (future keys weight 0, Mean per row) and footnote 3's unscaled form."""
     m = randomize(CoDAttention(6, 2, gate=gate, center_e=True, row_mean=True, scale=False))
     x = X(2, 4, 6)
     want = coda_reference(m, x, None, True, 1.0, 1.0, gate, True, "tanh-sigmoid", True, scale=False)
@@ -102,7 +104,8 @@ def test_coda_causal_and_unscaled(gate):
 
 
 def test_coda_centred_gate_subtracts_the_mean():
-    """Eq. 4's sign: σ(N − Mean N) opens the gate for pairs closer than average (N above its mean): the gate
+    """docs/coda.md Eq. 4 sign:
+    Eq. 4's sign: σ(N − Mean N) opens the gate for pairs closer than average (N above its mean): the gate
     of the nearest key (largest N) is above ½ and that of the farthest below ½."""
     m = randomize(CoDAttention(4, 1, gate="centered", bias=False))
     m.record = True
@@ -116,7 +119,8 @@ def test_coda_centred_gate_subtracts_the_mean():
 
 
 def test_coda_seq2seq_centres_decoder_rows_on_their_own_keys():
-    """transformer-seq2seq-coda (docs/coda.md §6): every attention is CoDA; the decoder's causal self- and
+    """docs/coda.md §6 seq2seq CoDA:
+    transformer-seq2seq-coda (docs/coda.md §6): every attention is CoDA; the decoder's causal self- and
     cross-attention take Mean(·) per query row (a matrix-wide mean would let a position see later ones), the
     encoder's per matrix. Cross-attention centres over the real source keys of each row."""
     @dataclasses.dataclass
@@ -147,7 +151,8 @@ def test_coda_seq2seq_centres_decoder_rows_on_their_own_keys():
 
 @pytest.mark.parametrize("gate,shared", [("scaled", False), ("centered", True)])
 def test_pairwise_coda_is_eqs_1_to_7(gate, shared):
-    """Pairwise CoDA (Eqs. 1-7): E = α F_E(A) F_E(B)ᵀ, N_ij = −β ‖F_N(a_i) − F_N(b_j)‖₁, M as Eqs. 3-6,
+    """docs/coda.md Eqs. 1-7:
+    Pairwise CoDA (Eqs. 1-7): E = α F_E(A) F_E(B)ᵀ, N_ij = −β ‖F_N(a_i) − F_N(b_j)‖₁, M as Eqs. 3-6,
     A′ = M B and B′ = Mᵀ A (raw sequences pooled, no 1/√d)."""
     m = randomize(PairwiseCoDA(4, 3, alpha=0.6, beta=0.8, gate=gate, center_e=True, shared=shared))
     a, b = X(2, 5, 4), X(2, 3, 4, seed=1)
@@ -169,7 +174,8 @@ def test_pairwise_coda_is_eqs_1_to_7(gate, shared):
 
 def test_coda_drops_out_the_quasi_attention_matrix():
     """docs/coda.md M dropout: the base model's attention dropout acts on M (where softmax attention drops
-    its weights), one inverted-dropout mask per call: Out = Concat_h(Drop(M_h) V_h) W_o; none at evaluation."""
+    its weights), one inverted-dropout mask per call: Out = Concat_h(Drop(M_h) V_h) W_o; none at
+    evaluation."""
     m = randomize(CoDAttention(6, 2, attention_dropout=0.4, gate="centered", center_e=True, bias=True))
     m.set_rng(RNG(3))
     x = X(2, 5, 6)
@@ -208,6 +214,7 @@ def test_each_preset_builds_adam_with_the_transformer_warmup(model):
             assert (cfg.lr, cfg.weight_decay, cfg.grad_clip, w) == (
                 given.get("lr", 1e-3), given.get("weight_decay", 0.0), 0.0,
                 given.get("warmup", 4000 if preset == "paper" else 1000))
-            ref.check_optimizer(optimizer(cfg, params), cfg, WarmupAdamW, (0.9, 0.98), 1e-9,
-                                lambda t: cfg.lr * min(t / w, math.sqrt(w / t)), steps=(1, 2, w // 2, w, 4 * w))
+            rate = lambda t: cfg.lr * min(t / w, math.sqrt(w / t))  # noqa: E731
+            ref.check_optimizer(optimizer(cfg, params), cfg, WarmupAdamW, (0.9, 0.98), 1e-9, rate,
+                                steps=(1, 2, w // 2, w, 4 * w))
     assert issubclass(WarmupAdamW, optim.AdamW)

@@ -59,6 +59,7 @@ def compositional_reference(m, x, mask, S, R, score="dot", separate=False, conca
 @pytest.mark.parametrize("options", [{}, dict(concat=True, mask_diagonal=True), dict(separate=True),
                                      dict(score="mlp", concat=True)], ids=["plain", "concat_diag", "separate", "mlp"])
 def test_compositional_attention_is_eqs_7_to_14(options):
+    """docs/compositional.md Eqs. 7-14: compositional attention, with its options."""
     m = randomize(CompositionalAttention(6, 2, 3, search_dim=8, value_dim=15, **options))
     x, mask = X(2, 4, 6), np.array([[1, 1, 1, 0], [1, 1, 1, 1]], bool)
     np.testing.assert_allclose(out(m(Tensor(x), key_mask=mask)), compositional_reference(m, x, mask, 2, 3, **options),
@@ -67,7 +68,8 @@ def test_compositional_attention_is_eqs_7_to_14(options):
 
 @pytest.mark.parametrize("name", ["mha", "compositional", "compositional-mlp"])
 def test_crt_models_are_mlp_attention_mlp(name):
-    """The CRT models (Mittal et al. 2022, App. C.1): x → Linear → ReLU → Linear → attention with the diagonal
+    """docs/compositional.md App. C.1 CRT models:
+    The CRT models (Mittal et al. 2022, App. C.1): x → Linear → ReLU → Linear → attention with the diagonal
     masked and the token's own projection appended (no residual, no LayerNorm) → Linear → ReLU → Linear. The
     ``mha`` baseline: h heads, softmax(Q Kᵀ/√d_s) V per head, [| x W_c] W_o."""
     model = randomize(CRTModel(name, 5, CRTConfig(searches=2, retrievals=3, d_model=6)))
@@ -97,8 +99,8 @@ def test_crt_models_are_mlp_attention_mlp(name):
 
 
 def test_separate_retrieval_keys_start_as_the_codes_group_linear():
-    """docs/compositional.md GroupLinear init: with ``separate`` each retrieval's W̄_k^r ~ U(±√(6/(d_v + d_r)))
-    (d_r = d_s) and b̄_k^r = 0; every other layer PyTorch's Linear default U(±1/√fan_in)."""
+    """docs/compositional.md GroupLinear init: with ``separate`` each retrieval's W̄_k^r ~ U(±√(6/(d_v +
+    d_r))) (d_r = d_s) and b̄_k^r = 0; every other layer PyTorch's Linear default U(±1/√fan_in)."""
     m = CompositionalAttention(64, 2, 4, search_dim=64, value_dim=128, separate=True)
     bound = math.sqrt(6 / (32 + 32))
     w = arr(m.w_key)
@@ -116,7 +118,7 @@ def test_each_preset_builds_adam_at_1e_4_without_decay_clipping_or_schedule(mode
     for preset in ("paper", "cpu"):
         for given in ({}, dict(lr=2.5e-3, weight_decay=0.0375)):
             cfg = schedule(make_config("retrieval", model, preset, **given))
-            assert (cfg.lr, cfg.weight_decay, cfg.grad_clip) == (given.get("lr", 1e-4), given.get("weight_decay", 0.0),
-                                                                 0.0)
-            ref.check_optimizer(optimizer(cfg, params), cfg, optim.AdamW, (0.9, 0.999), 1e-8, lambda t: cfg.lr,
-                                steps=(1, 2, 1000))
+            want = (given.get("lr", 1e-4), given.get("weight_decay", 0.0), 0.0)
+            assert (cfg.lr, cfg.weight_decay, cfg.grad_clip) == want
+            ref.check_optimizer(optimizer(cfg, params), cfg, optim.AdamW, (0.9, 0.999), 1e-8,
+                                lambda t: cfg.lr, steps=(1, 2, 1000))

