@@ -190,24 +190,32 @@ def mha(m, x, context=None, key_mask=None, causal=False, drop=None):
     return linear(m.out, heads)
 
 
-def rca(m, x, symbols, scale, key_mask=None, drop=None):
+SIGMA_REL = {"sigmoid": sigmoid, "tanh": np.tanh, "linear": lambda r: r}
+
+
+def rca(m, x, symbols, scale, key_mask=None, drop=None, causal=False):
     """Relational cross-attention, MHA form (Altabaa et al. 2024, Eq. 6; Algorithm 1): per head
     α_h = σ_rel(scale · (X W_q^h + b_q^h)(X W_k^h + b_k^h)ᵀ), A = concat_h(α_h (S W_v^h + b_v^h)) W_o + b_o;
-    queries and keys from the objects X, values from the symbols S. Softmax σ_rel only here. ``drop``
-    (B, H, T, T): a dropout mask on α_h (the code's site)."""
+    queries and keys from the objects X, values from the symbols S. σ_rel is the module's ``activation``:
+    softmax over the allowed keys, or sigmoid, tanh or the identity entry by entry, forbidden keys 0.
+    ``drop`` (B, H, T, T): a dropout mask on α_h (the code's site)."""
     B, T, _ = x.shape
     H, dh = m.n_head, m.d_head
     inner = H * dh
     qk = x @ arr(m.w_qk) + arr(m.b_qk)
     q, k = qk[..., :inner], (qk[..., :inner] if m.symmetric else qk[..., inner:])
     v = symbols @ arr(m.w_v) + arr(m.b_v)
-    ok = allowed(B, T, T, key_mask)
+    ok = allowed(B, T, T, key_mask, causal)
     heads = np.zeros((B, T, inner))
     for b in range(B):
         for h in range(H):
             sl = slice(h * dh, (h + 1) * dh)
             for i in range(T):
                 logits = np.array([q[b, i, sl] @ k[b, j, sl] for j in range(T)]) * scale
-                weights = masked_softmax_row(logits, ok[b, i]) * (1 if drop is None else drop[b, h, i])
+                if m.activation == "softmax":
+                    weights = masked_softmax_row(logits, ok[b, i])
+                else:
+                    weights = np.where(ok[b, i], SIGMA_REL[m.activation](logits), 0.0)
+                weights = weights * (1 if drop is None else drop[b, h, i])
                 heads[b, i, sl] = weights @ v[b, :, sl]
     return linear(m.out, heads)

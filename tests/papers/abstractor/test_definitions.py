@@ -11,7 +11,7 @@ import pytest
 
 from minattn import nn, optim
 from minattn.attention.multihead import MultiHeadAttention
-from minattn.attention.relational import RelationalCrossAttention
+from minattn.attention.relational import PositionRelativeRCA, RelationalCrossAttention
 from minattn.backend import RNG
 from minattn.engine import Tensor, eval_mode
 from minattn.lab.recipes import RelationalTasks, Sort
@@ -44,6 +44,60 @@ def test_rca_is_eq_6(scale):
     x, s = X(2, 5, 4), X(2, 5, 4, seed=1)
     want = ref.rca(m, x, s, 1 / math.sqrt(3) if scale == "sqrt" else 1.0, MASK5)
     np.testing.assert_allclose(out(m(Tensor(x), Tensor(s), key_mask=MASK5)), want, **TOL)
+
+
+@pytest.mark.parametrize("activation", ["softmax", "sigmoid", "tanh", "linear"])
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_rca_relation_activations_and_the_symmetric_projection(activation, symmetric):
+    """docs/abstractor.md §1.2 σ_rel, symmetric, causal: σ_rel is softmax over the keys or sigmoid, tanh or
+    the identity entry by entry (padded keys 0); ``symmetric`` uses one projection for queries and keys
+    (W_k = W_q, b_k = b_q); causal masks only with softmax (future keys weight 0), refused otherwise."""
+    m = randomize(RelationalCrossAttention(4, 2, d_head=3, activation=activation, symmetric=symmetric))
+    x, s = X(2, 5, 4), X(2, 5, 4, seed=1)
+    np.testing.assert_allclose(out(m(Tensor(x), Tensor(s), key_mask=MASK5)),
+                               ref.rca(m, x, s, 1 / math.sqrt(3), MASK5), **TOL)
+    if activation == "softmax":
+        np.testing.assert_allclose(out(m(Tensor(x), Tensor(s), causal=True)),
+                                   ref.rca(m, x, s, 1 / math.sqrt(3), causal=True), **TOL)
+    else:
+        with pytest.raises(ValueError, match="causal"):
+            m(Tensor(x), Tensor(s), causal=True)
+
+
+def test_position_relative_rca_reads_symbols_by_offset():
+    """docs/abstractor.md §2.2 position-relative symbols: A_i = Σ_j σ_rel(R)_ij V[i, j] per head, V[i, j] =
+    P[clip(j − i, −R_max, R_max) + R_max] W_v + b_v from a table P of 2·R_max + 1 learned symbols."""
+    m = randomize(PositionRelativeRCA(4, 2, 2, d_head=3))
+    x = X(2, 5, 4)
+    B, T, H, dh = 2, 5, 2, 3
+    qk = x @ arr(m.w_qk) + arr(m.b_qk)
+    q, k = qk[..., :H * dh], qk[..., H * dh:]
+    table = arr(m.table) @ arr(m.w_v) + arr(m.b_v)                                  # (2·R_max + 1, H·dh)
+    heads = np.zeros((B, T, H * dh))
+    for b in range(B):
+        for h in range(H):
+            sl = slice(h * dh, (h + 1) * dh)
+            for i in range(T):
+                a = ref.masked_softmax_row(np.array([q[b, i, sl] @ k[b, j, sl] for j in range(T)]) / math.sqrt(dh),
+                                           MASK5[b])
+                heads[b, i, sl] = sum(a[j] * table[min(max(j - i, -2), 2) + 2, sl] for j in range(T))
+    np.testing.assert_allclose(out(m(Tensor(x), key_mask=MASK5)), ref.linear(m.out, heads), **TOL)
+
+
+def test_symbolic_attention_retrieves_symbols_from_a_library():
+    """docs/abstractor.md §2.3 symbolic attention: per head S^h = softmax_j(scale · (X W_q^h) B^hᵀ) S_lib^h,
+    with the library split along features into one chunk per head and scale 1/√d_b; S = concat_h S^h. (And
+    §2.1's sinusoidal symbols: sin | cos halves, not interleaved.)"""
+    m = randomize(SymbolicAttention(6, 5, 2))
+    x = X(2, 4, 6)
+    q, lib, bind = x @ arr(m.w_q), arr(m.library), arr(m.binding)
+    want = np.zeros((2, 4, 6))
+    for h in range(2):
+        w = ref.softmax(q[..., h * 3:(h + 1) * 3] @ bind[h].T / math.sqrt(3))
+        want[..., h * 3:(h + 1) * 3] = w @ lib[:, h * 3:(h + 1) * 3]
+    np.testing.assert_allclose(out(m(Tensor(x))), want, **TOL)
+    np.testing.assert_allclose(arr(PositionalSymbols(5, 4, "sinusoidal").symbols), ref.sinusoid(range(5), 4, "concat"),
+                               rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("ablation", [False, True])
@@ -122,27 +176,31 @@ def test_abstractor_architectures_wire_their_contexts(architecture, attend_a1, f
     np.testing.assert_allclose(out(model(Tensor(src), tgt, MASK5)), ref.linear(model.head, out(y)), **TOL)
 
 
-def test_relational_classifier_is_the_simplified_abstractor_and_a_flat_mlp():
-    """docs/abstractor.md §1.3 simplified Abstractor:
-    docs/abstractor.md §1.3 / the discriminative models: X = Dense(x); A⁰ = S (learned symbols, no √d, no PE);
-    per layer A ← Drop(LN(R + FFN(R))), R = SimplifiedRCA(X, A) with the same X every layer; flatten; ReLU
-    hidden; logits. SimplifiedRCA per relation r: R^r = ⟨W_q^r x_i, W_k^r x_j⟩ (unscaled), Ã^r = σ(R^r) S, A =
-    concat_r P^r Ã^r."""
-    cfg = SimplifiedConfig(d_model=4, n_relations=2, d_key=3, d_ff=5, n_layers=2, dropout=0.0)
+@pytest.mark.parametrize("task", ["pairwise", "set"])
+def test_relational_classifier_is_the_simplified_abstractor_and_a_flat_mlp(task):
+    """docs/abstractor.md §1.3 simplified Abstractor: the discriminative models. X = Dense(x); A⁰ = S (learned
+    symbols, no √d, no PE); per layer A ← Drop(LN(R + FFN(R))), R = SimplifiedRCA(X, A) with the same X every
+    layer; flatten; [ReLU hidden]; logits. SimplifiedRCA per relation r: R^r = ⟨W_q^r x_i + b_q^r, W_k^r x_j +
+    b_k^r⟩ (unscaled), Ã^r = σ_rel(R^r) S, A = concat_r P^r Ã^r. Pairwise order: sigmoid, asymmetric, no
+    biases, a hidden layer; SET: the identity, symmetric (W_k = W_q), biases, no hidden layer."""
+    options = dict(activation="linear", symmetric=True, rel_bias=True, head_hidden=0) if task == "set" else {}
+    cfg = SimplifiedConfig(d_model=4, n_relations=2, d_key=3, d_ff=5, n_layers=2, dropout=0.0, **options)
     model = randomize(RelationalClassifier(3, 3, 2, cfg))
     x = X(2, 3, 3)
     Xe = ref.linear(model.embed, x)
     A = np.broadcast_to(arr(model.symbols.symbols)[:3], (2, 3, 4))
+    sigma = ref.sigmoid if task == "pairwise" else (lambda r: r)
     for layer in model.layers:
         rca = layer.rca
-        W = arr(rca.w_qk)
+        qk = Xe @ arr(rca.w_qk) + (0 if rca.b_qk is None else arr(rca.b_qk))    # [W_q^1 W_q^2 | W_k^1 W_k^2]
         R = np.zeros((2, 3, 4))
         for r in range(2):
-            q, k = Xe @ W[:, r * 3:(r + 1) * 3], Xe @ W[:, 6 + r * 3:6 + (r + 1) * 3]
-            rel = ref.sigmoid(q @ k.transpose(0, 2, 1))                                 # σ_rel = sigmoid
+            q = qk[..., r * 3:(r + 1) * 3]
+            k = q if task == "set" else qk[..., 6 + r * 3:6 + (r + 1) * 3]
+            rel = sigma(q @ k.transpose(0, 2, 1))
             R[..., r * 2:(r + 1) * 2] = (rel @ A) @ arr(rca.w_p)[r] + arr(rca.b_p)[r]
         A = ffn_block(layer.ffn, R)
-    h = ref.relu(ref.linear(model.hidden, A.reshape(2, -1)))
+    h = A.reshape(2, -1) if task == "set" else ref.relu(ref.linear(model.hidden, A.reshape(2, -1)))
     np.testing.assert_allclose(out(model(Tensor(x))), ref.linear(model.out, h), **TOL)
 
 
@@ -203,3 +261,26 @@ def test_each_preset_builds_adam_at_1e_3_from_the_runs_settings(task, model):
             assert (cfg.lr, cfg.weight_decay, cfg.grad_clip) == want
             ref.check_optimizer(optimizer(cfg, params), cfg, optim.AdamW, (0.9, 0.999), 1e-8,
                                 lambda t: cfg.lr, steps=(1, 2, 1000))
+
+
+def test_abstractor_drops_out_its_start_and_each_ff_output():
+    """docs/abstractor.md §3 dropout sites: A⁽⁰⁾ = Drop(√d · S + PE); in each layer the FF block is
+    A ← LN(A + Drop(W_2 ReLU(W_1 A + b_1) + b_2)) (no dropout on the hidden layer, as Keras' Dense); the
+    attention dropout acts on the weights (rows "RCA dropout", "MHA dropout")."""
+    cfg = AbstractorConfig(**{**ABS, "dropout": 0.4})
+    abstractor = randomize(Abstractor(cfg, np.random.default_rng(0)))
+    abstractor.set_rng(RNG(3))
+    E = X(2, 5, 4)
+    with ref.recorded_masks(nn.Dropout) as masks:
+        got = out(abstractor(Tensor(E), MASK5))
+    assert [d.shape for d in masks] == [(2, 5, 4)] * 3, "the start, then each layer's FF output"
+    pe = ref.sinusoid(range(5), 4, "concat").astype(np.float32).astype(np.float64)
+    A = (arr(abstractor.symbols.symbols)[:5] * 2.0 + pe) * masks[0]
+    for layer, drop in zip(abstractor.layers, masks[1:]):
+        A = ref.layer_norm(A + ref.mha(layer.self_attn, A, key_mask=MASK5), arr(layer.self_norm.weight),
+                           arr(layer.self_norm.bias), 1e-3)
+        A = ref.layer_norm(A + ref.rca(layer.rca, E, A, 1 / math.sqrt(3), MASK5), arr(layer.rca_norm.weight),
+                           arr(layer.rca_norm.bias), 1e-3)
+        f = layer.ffn
+        A = ref.layer_norm(A + ref.feed_forward(f.ff, A) * drop, arr(f.norm.weight), arr(f.norm.bias), 1e-3)
+    np.testing.assert_allclose(got, A, **TOL)
