@@ -191,7 +191,7 @@ def test_coda_drops_out_the_quasi_attention_matrix():
 def test_mlu_presets_set_beta_to_one_over_sqrt_d_k():
     """docs/coda.md β = 1/√d_k: both presets set CoDA's β to 1/√d_k (so N = G/d_k with the 1/√d_k
     scaling of §3), α = 1, the centred gate off (Eq. 5's 2σ(N)), and every attention of the CoDA model
-    uses them."""
+    uses them; so does the encoder drop-in ``transformer-coda`` of the NDR tasks."""
     for preset in ("paper", "cpu"):
         cfg = make_config("mlu", "transformer-seq2seq-coda", preset).model_config
         assert math.isclose(cfg.coda_beta, 1 / math.sqrt(cfg.d_head)) and cfg.coda_alpha == 1.0
@@ -199,6 +199,10 @@ def test_mlu_presets_set_beta_to_one_over_sqrt_d_k():
         model = CoDASeq2SeqTransformer(5, 5, small, d_src=3)
         for a in (model.encoder[0].attn, model.decoder[0].self_attn, model.decoder[0].cross[0]):
             assert (type(a), a.alpha, a.beta, a.gate) == (CoDAttention, 1.0, small.coda_beta, small.coda_gate)
+    for task in ("ctl", "arith", "listops"):
+        for preset in ("paper", "cpu"):
+            cfg = make_config(task, "transformer-coda", preset).model_config
+            assert math.isclose(cfg.coda_beta, 1 / math.sqrt(cfg.d_model / cfg.n_head)), (task, preset)
 
 
 @pytest.mark.parametrize("model", list(CoDA.models))

@@ -525,3 +525,37 @@ def test_post_ln_layer_drops_out_the_attention_and_ff_outputs_and_the_ff_hidden_
     want = ref.layer_norm(a + f * masks[2].reshape(x.shape), arr(layer.norm2.weight), arr(layer.norm2.bias),
                           1e-5)
     np.testing.assert_allclose(y, want, **TOL)
+
+
+# The paper's rows (Tables 4-6, the official sweeps; docs/ndr.md §8): d_model, d_ff, heads, steps (eval steps),
+# dropout, attention dropout, gate dropout (None: the model has no gate), iterations; batch 512 throughout.
+PAPER_SIZES = {
+    ("ctl", "transformer"): (128, 256, 4, 11, 0, 0.1, 0.0, None, 30_000),
+    ("ctl", "transformer-rel"): (128, 256, 4, 11, 0, 0.1, 0.0, None, 30_000),
+    ("ctl", "transformer-rel-gate"): (256, 1024, 1, 14, 0, 0.5, 0.1, 0.0, 30_000),
+    ("ctl", "transformer-absrel-gate"): (256, 1024, 1, 14, 0, 0.5, 0.1, 0.0, 30_000),
+    ("ctl", "transformer-geom"): (128, 256, 4, 11, 0, 0.1, 0.0, None, 30_000),
+    ("ctl", "ndr"): (256, 512, 1, 14, 0, 0.5, 0.1, 0.1, 30_000),
+    ("arith", "transformer"): (128, 256, 4, 11, 0, 0.5, 0.1, None, 200_000),
+    ("arith", "transformer-rel"): (128, 256, 4, 11, 0, 0.5, 0.1, None, 200_000),
+    ("arith", "transformer-absrel-gate"): (256, 1024, 4, 15, 0, 0.5, 0.1, 0.1, 100_000),
+    ("arith", "ndr"): (256, 1024, 4, 15, 0, 0.5, 0.1, 0.1, 100_000),
+    ("listops", "transformer"): (256, 1024, 16, 6, 0, 0.015, 0.05, None, 200_000),
+    ("listops", "transformer-rel"): (256, 1024, 16, 6, 0, 0.015, 0.05, None, 200_000),
+    ("listops", "transformer-absrel-gate"): (512, 2048, 16, 20, 0, 0.1, 0.1, 0.05, 100_000),
+    ("listops", "ndr"): (512, 1024, 16, 20, 24, 0.1, 0.1, 0.05, 100_000),
+}
+
+
+@pytest.mark.parametrize("task,model", list(PAPER_SIZES))
+def test_paper_presets_have_the_papers_sizes_and_dropout_rates(task, model):
+    """docs/ndr.md Tables 4-6 sizes and dropouts: the paper preset's d_model, d_ff, heads, shared-layer steps
+    (ListOps NDR 20, 24 at evaluation), dropout, attention dropout, gate dropout (0.1 on CTL and arithmetic,
+    0.05 on ListOps, 0 for the CTL "+ gate" baselines), iterations and batch 512; ctl-backward as ctl."""
+    d, d_ff, H, steps, steps_eval, drop, att, gate, iters = PAPER_SIZES[task, model]
+    for t in (task, "ctl-backward") if task == "ctl" else (task,):
+        cfg = make_config(t, model, "paper")
+        e = cfg.model_config
+        assert (e.d_model, e.d_ff, e.n_head, e.n_steps, e.n_steps_eval) == (d, d_ff, H, steps, steps_eval)
+        assert (e.dropout, e.attention_dropout, cfg.steps, cfg.batch_size) == (drop, att, iters, 512)
+        assert gate is None or e.gate_dropout == gate
