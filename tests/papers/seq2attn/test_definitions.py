@@ -242,3 +242,23 @@ def test_each_preset_builds_adam_and_clips_at_5(task, model):
                                                                  given.get("weight_decay", 0.0), 5.0)
             ref.check_optimizer(optimizer(cfg, params), cfg, optim.AdamW, (0.9, 0.999), 1e-8,
                                 lambda t: cfg.lr, steps=(1, 2, 1000))
+
+
+# Paper Table 3 (E, H, layers, cell, dropout) and the released config's components.
+PAPER_MODELS = {
+    ("lookup", "seq2attn"): (256, 256, 1, "gru", 0.5, True), ("lookup", "seq2seq"): (128, 512, 1, "gru", 0.5, False),
+    ("scan", "seq2attn"): (512, 512, 1, "gru", 0.5, True), ("scan", "seq2seq"): (200, 200, 2, "lstm", 0.5, False),
+}
+
+
+@pytest.mark.parametrize("task,model", list(PAPER_MODELS))
+def test_paper_presets_have_table_3s_sizes_and_the_released_components(task, model):
+    """docs/seq2attn.md Table 3 and the released config: embedding and RNN sizes, layers, cell and dropout of
+    paper Table 3 (dropout 0.5 acts only between stacked layers); seq2attn has all four components (Gumbel
+    straight-through G, embedding values E, full focus F, transcoder T), the baseline none; the conditioned
+    temperature with τ_max = 5, teacher forcing 0.5."""
+    E, H, layers, cell, dropout, full = PAPER_MODELS[task, model]
+    cfg = make_config(task, model, "paper", **(dict(split="simple") if task == "scan" else {})).model_config
+    assert (cfg.d_embedding, cfg.d_hidden, cfg.n_layers, cfg.cell, cfg.dropout) == (E, H, layers, cell, dropout)
+    assert (cfg.gumbel, cfg.embedding_values, cfg.full_focus, cfg.transcoder) == (full,) * 4
+    assert (cfg.temperature, cfg.tau_max, cfg.teacher_forcing) == ("conditioned", 5.0, 0.5)
