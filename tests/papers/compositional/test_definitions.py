@@ -122,3 +122,21 @@ def test_each_preset_builds_adam_at_1e_4_without_decay_clipping_or_schedule(mode
             assert (cfg.lr, cfg.weight_decay, cfg.grad_clip) == want
             ref.check_optimizer(optimizer(cfg, params), cfg, optim.AdamW, (0.9, 0.999), 1e-8,
                                 lambda t: cfg.lr, steps=(1, 2, 1000))
+
+
+@pytest.mark.parametrize("model", list(Compositional.models))
+def test_the_crt_run_is_l1_over_every_output_at_the_papers_settings(model):
+    """docs/compositional.md §9 CRT training: 2 searches, 4 retrievals, D = 64, `concat` on, 10 objects;
+    batch 256, 100,000 steps (each a fresh batch), an evaluation every 5,000; the loss is the mean absolute
+    error over every object's output, L = mean_{b,i} |ŷ_bi − y_bi|."""
+    cfg = make_config("retrieval", model, "paper")
+    e = cfg.model_config
+    assert (e.searches, e.retrievals, e.d_model, e.concat, cfg.options.n_objects) == (2, 4, 64, True, 10)
+    assert (cfg.batch_size, cfg.steps, cfg.eval_every) == (256, 100_000, 5000)
+    recipe = Compositional(make_config("retrieval", model, "cpu", batch_size=4))
+    recipe.load_task()
+    net = randomize(recipe.build_model())
+    x, y = next(recipe.batches(np.random.default_rng(0)))[:2]
+    loss, _, n = recipe.loss(net, (x.astype(np.float64), y.astype(np.float64)))
+    assert n == 4 and y.shape == (4, 10)
+    np.testing.assert_allclose(float(out(loss)), np.abs(out(net(Tensor(x.astype(np.float64)))) - y).mean(), **TOL)
