@@ -559,3 +559,16 @@ def test_paper_presets_have_the_papers_sizes_and_dropout_rates(task, model):
         assert (e.d_model, e.d_ff, e.n_head, e.n_steps, e.n_steps_eval) == (d, d_ff, H, steps, steps_eval)
         assert (e.dropout, e.attention_dropout, cfg.steps, cfg.batch_size) == (drop, att, iters, 512)
         assert gate is None or e.gate_dropout == gate
+
+
+def test_the_loss_is_cross_entropy_averaged_over_the_batch():
+    """docs/ndr.md §1 loss: the classifiers train on the cross-entropy of the one readout column, averaged
+    over the batch, L = −(1/B) Σ_b log softmax(logits_b)[y_b]; no label smoothing."""
+    model = randomize(Classifier("ndr", 5, 3, EncoderConfig(**TINY)))
+    ids, lengths = np.array([[6, 1, 2, 5, 0], [6, 3, 4, 0, 5], [6, 2, 5, 0, 0]]), np.array([4, 5, 3])
+    y = np.array([2, 0, 1])
+    loss, _, n = NDR(make_config("ctl", "ndr", "cpu")).loss(model, (ids, lengths, y))
+    logits = out(model(ids, lengths))
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    assert n == 3
+    np.testing.assert_allclose(float(out(loss)), -logp[np.arange(3), y].mean(), **TOL)
