@@ -284,3 +284,22 @@ def test_abstractor_drops_out_its_start_and_each_ff_output():
         f = layer.ffn
         A = ref.layer_norm(A + ref.feed_forward(f.ff, A) * drop, arr(f.norm.weight), arr(f.norm.bias), 1e-3)
     np.testing.assert_allclose(got, A, **TOL)
+
+
+def test_simplified_abstractor_drops_out_the_ff_output_and_the_layer_output():
+    """docs/abstractor.md §1.3 dropout sites: per layer A ← Drop(LN(R + Drop(FFN(R)))), R = SimplifiedRCA(X, A):
+    dropout on the FF output before the residual and on the layer's output; none on the relations."""
+    cfg = SimplifiedConfig(d_model=4, n_relations=2, d_key=3, d_ff=5, n_layers=1, dropout=0.4)
+    model = randomize(RelationalClassifier(3, 3, 2, cfg))
+    model.set_rng(RNG(3))
+    x = X(2, 3, 3)
+    with ref.recorded_masks(nn.Dropout) as masks:
+        got = out(model(Tensor(x)))
+    assert [d.shape for d in masks] == [(2, 3, 4)] * 2, "the FF output, then the layer's output"
+    layer = model.layers[0]
+    R = out(layer.rca(Tensor(ref.linear(model.embed, x)), model.symbols(Tensor(x))))
+    f = layer.ffn
+    A = ref.layer_norm(R + ref.feed_forward(f.ff, R) * masks[0], arr(f.norm.weight), arr(f.norm.bias), 1e-3)
+    A = A * masks[1]
+    h = ref.relu(ref.linear(model.hidden, A.reshape(2, -1)))
+    np.testing.assert_allclose(got, ref.linear(model.out, h), **TOL)

@@ -140,3 +140,15 @@ def test_the_crt_run_is_l1_over_every_output_at_the_papers_settings(model):
     loss, _, n = recipe.loss(net, (x.astype(np.float64), y.astype(np.float64)))
     assert n == 4 and y.shape == (4, 10)
     np.testing.assert_allclose(float(out(loss)), np.abs(out(net(Tensor(x.astype(np.float64)))) - y).mean(), **TOL)
+
+
+@pytest.mark.parametrize("model", list(Compositional.models))
+def test_crt_models_apply_no_dropout(model):
+    """docs/compositional.md No dropout: the CRT models (the paper's App. C.1, the CRT code) have no dropout
+    anywhere, so training and evaluation compute the same function."""
+    net = randomize(CRTModel(model, 5, CRTConfig(searches=2, retrievals=3, d_model=6))).train()
+    x = X(2, 4, 5)
+    with ref.recorded_masks(nn.Dropout) as masks:
+        y = out(net(Tensor(x)))
+    assert masks == []
+    np.testing.assert_array_equal(out(net.eval()(Tensor(x))), y)

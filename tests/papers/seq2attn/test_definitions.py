@@ -222,6 +222,10 @@ def test_stacked_rnns_drop_out_between_layers_only():
         np.testing.assert_allclose(out(new[i][1]), want_c, **TOL)
         inp = want_h
     np.testing.assert_allclose(out(top), inp, **TOL)
+    one = Seq2Attn(model_config("seq2attn", d_embedding=4, d_hidden=4, dropout=0.5), 7, 6, sos_id=2).set_rng(RNG(3))
+    with ref.recorded_masks(nn.Dropout) as masks:
+        one.loss(SRC, SRC_LEN, TGT, TGT_LEN)
+    assert masks == [], "one layer: the released config's dropout 0.5 does nothing"
 
 
 SEQ2ATTN_PRESETS = [(t, m) for t in Seq2AttnRecipe.tasks for m in Seq2AttnRecipe.models]
