@@ -361,6 +361,7 @@ def test_each_preset_builds_adamw_from_the_runs_settings(task, model):
     for preset in ("paper", "cpu"):
         for given in ({}, dict(lr=2.5e-3, weight_decay=0.0375)):
             cfg = schedule(make_config(task, model, preset, **given))
+            assert all(getattr(cfg, key) == value for key, value in given.items())
             ref.check_optimizer(optimizer(cfg, params), cfg, optim.AdamW, (0.9, 0.999), 1e-8,
                                 lambda t: cfg.lr, steps=(1, 2, 1000))
 
