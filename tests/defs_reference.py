@@ -1,9 +1,11 @@
-"""Plain-NumPy statements of the papers' equations, for tests/test_definitions*.py (issue 31 item 1).
+"""Plain-NumPy statements of the papers' equations, for the definition tests
+(tests/library/test_definitions.py and tests/papers/<paper>/test_definitions.py; issue 31 item 1).
 
 Nothing here imports minattn's ops or functional: every function takes NumPy arrays (a module's parameters
 read as arrays) and computes the paper's equation directly, with loops where that is clearest. The tests
-compare a module's output with these on small random float64 inputs.
+compare a module's output with these on small random float64 inputs (``randomize``, ``X``) within ``TOL``.
 """
+import contextlib
 import math
 
 import numpy as np
@@ -12,6 +14,64 @@ import numpy as np
 def arr(t):
     """A Tensor or Parameter (or array) as a host float64 NumPy array."""
     return np.array(getattr(t, "data", t), dtype=np.float64)
+
+
+out = arr
+
+TOL = dict(rtol=1e-9, atol=1e-11)
+
+
+def randomize(module, seed=1, scale=0.5):
+    """float64 and every parameter redrawn N(0, scale²): a definition must hold for any weights, and
+    inits such as a zero u/v or a unit LayerNorm gain would hide a missing term."""
+    module.double()
+    rng = np.random.default_rng(seed)
+    for _, p in module.named_parameters():
+        p.data = rng.standard_normal(p.shape) * scale
+    return module
+
+
+def X(*shape, seed=0):
+    """A random float64 input of that shape."""
+    return np.random.default_rng(seed).standard_normal(shape)
+
+
+@contextlib.contextmanager
+def recorded_masks(dropout_class):
+    """The list of every mask ``dropout_class`` draws inside the block, in order, as float64 arrays (its
+    ``mask`` wrapped): a test then applies each mask where the paper puts that dropout and compares."""
+    masks, original = [], dropout_class.mask
+
+    def mask(self, rng, shape, dtype):
+        drawn = original(self, rng, shape, dtype)
+        masks.append(arr(drawn))
+        return drawn
+
+    dropout_class.mask = mask
+    try:
+        yield masks
+    finally:
+        dropout_class.mask = original
+
+
+def check_optimizer(opt, cfg, kind, betas, eps, rate, steps=(1, 2, 3)):
+    """The optimizer a run builds against the run's settings ``cfg`` and the paper: its class ``kind``,
+    betas, eps and weight decay; then, step by step with zero gradients (Adam's update is then 0, so only
+    the decoupled decay p ← p − lr_t·wd·p moves a parameter), the rate lr_t = ``rate(t)`` at each step t of
+    ``steps`` (reached as --resume does, through the state's step count) and the decay at the run's wd."""
+    assert type(opt) is kind, f"{type(opt).__name__}, not {kind.__name__}"
+    assert tuple(opt.betas) == betas and opt.eps == eps, (opt.betas, opt.eps)
+    assert opt.weight_decay == cfg.weight_decay,\
+        f"weight decay {opt.weight_decay}, the run's {cfg.weight_decay}"
+    for t in steps:
+        opt.load_state_dict({"t": t - 1, "lr": opt.lr, "state": [{} for _ in opt.params]})
+        before = [arr(p) for p in opt.params]
+        for p in opt.params:
+            p.grad = np.zeros_like(p.data)
+        opt.step()
+        assert math.isclose(opt.lr, rate(t), rel_tol=1e-12), f"step {t}: lr {opt.lr}, expected {rate(t)}"
+        for p, b in zip(opt.params, before):
+            np.testing.assert_allclose(arr(p), b * (1 - rate(t) * cfg.weight_decay), rtol=1e-12, atol=0)
 
 
 def sigmoid(x):
@@ -105,10 +165,11 @@ def masked_softmax_row(logits, ok):
     return e / e.sum()
 
 
-def mha(m, x, context=None, key_mask=None, causal=False):
+def mha(m, x, context=None, key_mask=None, causal=False, drop=None):
     """Vaswani et al. 2017 Eqs. 1-2, head by head and query by query: head_h = softmax(Q_h K_hᵀ / √d_k) V_h,
     MultiHead = Concat(head_1..head_H) W_O (+ biases where the module has them). The module's fused [W_K | W_V]
-    holds the key projection in its first n_head·d_head columns, head after head."""
+    holds the key projection in its first n_head·d_head columns, head after head. ``drop`` (B, H, T, S): a
+    dropout mask on the attention weights (the Keras layer's site)."""
     ctx = x if context is None else context
     B, T, _ = x.shape
     S = ctx.shape[1]
@@ -124,26 +185,37 @@ def mha(m, x, context=None, key_mask=None, causal=False):
             sl = slice(h * dh, (h + 1) * dh)
             for i in range(T):
                 logits = np.array([q[b, i, sl] @ k[b, j, sl] for j in range(S)]) / math.sqrt(dh)
-                heads[b, i, sl] = masked_softmax_row(logits, ok[b, i]) @ v[b, :, sl]
+                weights = masked_softmax_row(logits, ok[b, i]) * (1 if drop is None else drop[b, h, i])
+                heads[b, i, sl] = weights @ v[b, :, sl]
     return linear(m.out, heads)
 
 
-def rca(m, x, symbols, scale, key_mask=None):
+SIGMA_REL = {"sigmoid": sigmoid, "tanh": np.tanh, "linear": lambda r: r}
+
+
+def rca(m, x, symbols, scale, key_mask=None, drop=None, causal=False):
     """Relational cross-attention, MHA form (Altabaa et al. 2024, Eq. 6; Algorithm 1): per head
     α_h = σ_rel(scale · (X W_q^h + b_q^h)(X W_k^h + b_k^h)ᵀ), A = concat_h(α_h (S W_v^h + b_v^h)) W_o + b_o;
-    queries and keys from the objects X, values from the symbols S. Softmax σ_rel only here."""
+    queries and keys from the objects X, values from the symbols S. σ_rel is the module's ``activation``:
+    softmax over the allowed keys, or sigmoid, tanh or the identity entry by entry, forbidden keys 0.
+    ``drop`` (B, H, T, T): a dropout mask on α_h (the code's site)."""
     B, T, _ = x.shape
     H, dh = m.n_head, m.d_head
     inner = H * dh
     qk = x @ arr(m.w_qk) + arr(m.b_qk)
     q, k = qk[..., :inner], (qk[..., :inner] if m.symmetric else qk[..., inner:])
     v = symbols @ arr(m.w_v) + arr(m.b_v)
-    ok = allowed(B, T, T, key_mask)
+    ok = allowed(B, T, T, key_mask, causal)
     heads = np.zeros((B, T, inner))
     for b in range(B):
         for h in range(H):
             sl = slice(h * dh, (h + 1) * dh)
             for i in range(T):
                 logits = np.array([q[b, i, sl] @ k[b, j, sl] for j in range(T)]) * scale
-                heads[b, i, sl] = masked_softmax_row(logits, ok[b, i]) @ v[b, :, sl]
+                if m.activation == "softmax":
+                    weights = masked_softmax_row(logits, ok[b, i])
+                else:
+                    weights = np.where(ok[b, i], SIGMA_REL[m.activation](logits), 0.0)
+                weights = weights * (1 if drop is None else drop[b, h, i])
+                heads[b, i, sl] = weights @ v[b, :, sl]
     return linear(m.out, heads)

@@ -41,7 +41,8 @@ from mutants import CORE, DEFINITIONS, EQUIVALENT   # the catalogue, tests/mutan
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # --- which tests each area runs (fast definition tests first: with -x a kill is usually a second) ----------
-DEFS = ["tests/test_definitions.py", "tests/test_definitions_papers.py"]
+DEFS = ["tests/library/test_definitions.py"] + [f"tests/papers/{p}/test_definitions.py"
+                                                for p in ("ndr", "coda", "abstractor", "compositional", "seq2attn")]
 GRAD = ["tests/test_gradient_paths.py", "tests/test_gradcheck.py"]
 TESTS = {
     "minattn/attention/": DEFS + ["tests/test_ndr.py", "tests/test_abstractor.py", "tests/test_compositional.py",
