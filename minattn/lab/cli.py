@@ -23,7 +23,6 @@ from minattn import backend
 
 from . import viz
 from .errors import Diverged, UsageError
-from .legacy import convert, old_checkpoint
 from .recipes import RECIPES, recipe_for
 from .recipes.base import schedule
 from .report import report, run_curves
@@ -74,9 +73,6 @@ def parse_args(argv=None, description=__doc__):
     ap.add_argument("--report", nargs="+", metavar="DIR",
                     help="print a markdown table of finished runs (and mean ± std over the seeds "
                          "of one experiment) and exit")
-    ap.add_argument("--convert", metavar="DIR",
-                    help="rewrite DIR/checkpoint.pkl of an older minattn as checkpoint.npz and "
-                         "exit (unpickling runs code from the file: only for files you trust)")
     ap.add_argument("--analyze", action="store_true",
                     help="print the analysis of the checkpoint in --out and exit (retrieval: the "
                          "value-score table of paper Fig. 5)")
@@ -160,15 +156,12 @@ def _main(args, where, train):
                              "directories")
         args.out, args.resume = args.resume, True
     modes = [f"--{m.replace('_', '-')}"
-             for m in ("report", "convert", "analyze", "evaluate", "plot",
+             for m in ("report", "analyze", "evaluate", "plot",
                                                   "show_config") if getattr(args, m)]   # each runs alone
     if len(modes) > 1:
         raise UsageError(f"{' and '.join(modes)} are separate modes: give one at a time")
     if args.report:
         report(args.report, args.plot_dir)
-        return 0
-    if args.convert:
-        convert(args.convert)
         return 0
     inspect = next((flag for flag in ("analyze", "evaluate", "plot") if getattr(args, flag)), None)
     if inspect and not args.out:
@@ -286,9 +279,6 @@ def _load_run(out_dir, device, overrides=()):
     if not os.path.isdir(out_dir):
         raise UsageError(f"no run directory {out_dir}")
     path = os.path.join(out_dir, CHECKPOINT)
-    if not os.path.exists(path) and not old_checkpoint(out_dir):
-        raise UsageError(f"{out_dir} holds no {CHECKPOINT} (is it a run directory? train there "
-                         "first)")
     ckpt = load_checkpoint(path)
     # any layout, older ones included; checked
     saved = dict(saved_settings(ckpt, path), device=device)
