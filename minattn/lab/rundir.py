@@ -1,8 +1,8 @@
 """The run directory: lock (its writer's pid), checkpoint.npz (arrays + JSON, never a pickle; the
 format is docs/checkpoints.md), metrics.jsonl (one line per evaluation, appended) and, at the end,
 results.json. One writer at a time (``locked``); the lock and the log are written in place, every
-other file is replaced whole (``write_atomic``), so a kill leaves the old file or the new; every file
-is opened by ``open_regular``; a checkpoint is read without trusting it (``load_checkpoint``).
+other file is replaced whole (``write_atomic``), so a kill leaves the old file or the new; every
+file is opened by ``open_regular``; a checkpoint is read without trusting it (``load_checkpoint``).
 """
 import contextlib
 import dataclasses
@@ -22,7 +22,7 @@ from .errors import UsageError
 
 CHECKPOINT = "checkpoint.npz"
 CHECKPOINT_VERSION = 3
-OLDER = "{} is a run of an older minattn ({}), which this one does not read: start a new run (another --out)"
+OLDER = "{} is a run of an older minattn ({}), which this one does not read: start a new run elsewhere"
 
 
 # --- signals: Ctrl-C (SIGINT) and SIGTERM ---------------------------------------------------------
@@ -34,19 +34,18 @@ class Terminated(BaseException):
 _signals = {"at_step_end": False, "terminated": False}
 
 
-def _on_signal(signum, frame):
-    if signum == signal.SIGTERM and _signals["at_step_end"]:   # the loop saves its step, then stops
-        _signals["terminated"] = True
-    else:   # in a write, write_atomic removes its temporary file: the old file stays
-        raise KeyboardInterrupt if signum == signal.SIGINT else Terminated
-
-
 @contextlib.contextmanager
 def handling_signals():
-    """In the block (in the main thread), SIGINT raises KeyboardInterrupt and SIGTERM Terminated."""
+    """In the block (in the main thread), SIGINT raises KeyboardInterrupt and SIGTERM Terminated. In
+    a write, write_atomic then removes its temporary file: the old file stays whole."""
+    def on_signal(signum, frame):
+        if signum == signal.SIGTERM and _signals["at_step_end"]:   # the loop saves the step, stops
+            _signals["terminated"] = True
+        else:
+            raise KeyboardInterrupt if signum == signal.SIGINT else Terminated
     _signals.update(at_step_end=False, terminated=False)
     try:
-        old = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     except ValueError:                 # not the main thread: signals are not ours to handle
         old = {}
     try:
@@ -54,12 +53,11 @@ def handling_signals():
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
-        _signals.update(at_step_end=False, terminated=False)
 
 
 def stop_at_step_end(on):
     """On: SIGTERM waits for the end of the training step (``terminated()`` says so; the loop saves
-    the step, then raises Terminated), so a preempted run loses no step. Off: a pending one raises."""
+    it, then raises Terminated), so a preempted run loses no step. Off: a pending one raises."""
     _signals["at_step_end"] = on
     if not on and _signals["terminated"]:
         _signals["terminated"] = False
@@ -89,20 +87,20 @@ def open_regular(path, mode="r", flags=os.O_RDONLY):
     through a symbolic link (``lock -> ~/.bashrc``) nor shared by a hard link (``cp -al``)."""
     writing = flags != os.O_RDONLY
     try:
-        fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_NOFOLLOW if writing else 0), 0o644)
+        fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC | (writing and os.O_NOFOLLOW), 0o644)
     except OSError as e:
         if e.errno not in (errno.ELOOP, errno.ENXIO):   # ENXIO: a FIFO opened to write
             raise
-        raise UsageError(f"{path} is a symbolic link or a special file: minattn writes only regular "
-                         "files in a run directory (remove it)") from None
+        raise UsageError(f"{path} is a symbolic link or a special file: minattn writes only "
+                         "regular files in a run directory (remove it)") from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or writing and st.st_nlink > 1:
         os.close(fd)
         if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", path)
-        raise UsageError(f"{path} has {st.st_nlink} hard links (a copy made with cp -al?), so a run "
-                         "would write into every copy: remove it (it is made afresh), or copy the run "
-                         "directory with cp -a")
+        raise UsageError(f"{path} has {st.st_nlink} hard links (a copy made with cp -al?), so a "
+                         "run would write into every copy: remove it (it is made afresh), or copy "
+                         "the run directory with cp -a")
     os.set_blocking(fd, True)
     return os.fdopen(fd, mode)
 
@@ -119,8 +117,8 @@ def write_atomic(path, write, mode="w"):
     or after a kill -9 swept by the lock's next holder."""
     d = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(d, f".tmp-{os.getpid()}-{os.path.basename(path)}")
-    try:   # O_EXCL: never through a link; 0o666 and the umask, as any file the user makes
-        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), mode) as f:
+    try:   # "x": a new file (O_EXCL: never through a link), with the user's umask
+        with open(tmp, mode.replace("w", "x")) as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
@@ -142,7 +140,7 @@ def write_atomic(path, write, mode="w"):
 def locked(out_dir):
     """Hold an exclusive lock on the run directory (made if needed) while the block runs; a second
     writer is refused. The kernel releases ``flock`` when its process dies, so a killed run's lock
-    is taken over; the file stays (deleting it would let a waiting writer lock an orphaned inode)."""
+    is taken over; the file stays (deleting it would let a waiting writer lock an orphan inode)."""
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise UsageError(f"--out {out_dir} is a file, not a run directory")
     if os.path.exists(os.path.join(out_dir, "checkpoint.pkl")):
@@ -159,8 +157,8 @@ def locked(out_dir):
                 pid = "unknown"
             except PermissionError:
                 pass
-            raise UsageError(f"{out_dir} is in use by another run (pid {pid}); wait for it to end or "
-                             "choose another --out") from None
+            raise UsageError(f"{out_dir} is in use by another run (pid {pid}); wait for it to end "
+                             "or choose another --out") from None
         f.truncate()
         f.write(f"{os.getpid()}\n")
         f.flush()
@@ -172,7 +170,7 @@ def locked(out_dir):
 
 
 def writable(path):
-    """Whether files can be made in the directory ``path`` (permissions, and not a read-only disk)."""
+    """Whether files can be made in the directory ``path`` (permissions, not a read-only disk)."""
     return os.access(path, os.W_OK) and not os.statvfs(path).f_flag & os.ST_RDONLY
 
 
@@ -196,7 +194,7 @@ def remove_empty(path, top):
 
 
 def to_json(obj):
-    """Strict JSON (no bare NaN/Infinity, which strict readers reject): non-finite floats as null."""
+    """Strict JSON (no bare NaN or Infinity, which strict readers reject): those become null."""
     if isinstance(obj, dict):
         return {k: to_json(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -253,8 +251,8 @@ def _read_npz(path, only=None):
             with np.load(f, allow_pickle=False) as z:
                 declared = sum(i.file_size for i in z.zip.infolist())
                 if declared > 2 * size + (1 << 20):
-                    raise Corrupted(f"checkpoint {path} is corrupted (its members declare {declared} "
-                                    f"bytes in a file of {size})")
+                    raise Corrupted(f"checkpoint {path} is corrupted (its members declare "
+                                    f"{declared} bytes in a file of {size})")
                 return {k: z[k] for k in z.files if only in (None, k + ".npy")}
         except UsageError:
             raise
@@ -294,8 +292,8 @@ _METADATA = {   # what each field must be (docs/checkpoints.md), and what the me
                   and isinstance(v.get("without_state"), list), "an object with t, lr and without_state"),
     "parameters": (lambda v: isinstance(v, list) and all(isinstance(n, str) for n in v)
                    and len(set(v)) == len(v), "a list of distinct names"),
-    "plain": (lambda v: isinstance(v, bool), "true or false"),     # the path it trained on (MINATTN_PLAIN,
-    "kernels": (lambda v: isinstance(v, bool), "true or false"),   # MINATTN_KERNELS): settings.resume_check
+    "plain": (lambda v: isinstance(v, bool), "true or false"),     # MINATTN_PLAIN and MINATTN_KERNELS:
+    "kernels": (lambda v: isinstance(v, bool), "true or false"),   # see settings.resume_check
 }
 
 
@@ -307,7 +305,8 @@ def load_checkpoint(path):
     if not os.path.exists(path):
         if os.path.exists(os.path.join(out_dir, "checkpoint.pkl")):
             raise UsageError(OLDER.format(out_dir, "it holds checkpoint.pkl"))
-        raise UsageError(f"{out_dir} holds no {CHECKPOINT} (is it a run directory? train there first)")
+        raise UsageError(f"{out_dir} holds no {CHECKPOINT} (is it a run directory? train there "
+                         "first)")
     arrays = _read_npz(path)
 
     def corrupted(what):
@@ -315,41 +314,41 @@ def load_checkpoint(path):
     try:
         ckpt = json.loads(str(arrays.pop("metadata")))
     except Exception as e:   # no "metadata", or not JSON
-        raise Corrupted(f"checkpoint {path} is corrupted or unreadable ({e.__class__.__name__})") from None
+        raise Corrupted(f"checkpoint {path} is corrupted or unreadable ({e.__class__.__name__})") \
+            from None
     if not isinstance(ckpt, dict):
         raise corrupted("its metadata is not an object")
     if _int(ckpt.get("version")) and ckpt["version"] < CHECKPOINT_VERSION:
-        raise UsageError(OLDER.format(out_dir, f"{CHECKPOINT} of format {ckpt['version']}; this one "
-                                               f"reads {CHECKPOINT_VERSION}"))
-    missing = [k for k in _METADATA if k not in ckpt]
-    if missing:
-        raise corrupted(f"it lacks {', '.join(missing)}")
+        raise UsageError(OLDER.format(out_dir, f"{CHECKPOINT} of format {ckpt['version']}; this "
+                                               f"one reads {CHECKPOINT_VERSION}"))
     for key, (ok, what) in _METADATA.items():
-        if not ok(ckpt[key]):
-            raise corrupted(f"{key}: expected {what}")
+        if not ok(ckpt.get(key)):
+            raise corrupted(f"{key}: expected {what}" if key in ckpt else f"it lacks {key}")
     names = ckpt.pop("parameters")
-    running = {k[len("running/"):]: arrays.pop(k) for k in [k for k in arrays if k.startswith("running/")]}
     r = ckpt.get("running")   # the sums of an evaluation interval in progress (on SIGTERM)
+    running = {k[8:]: arrays.pop(k) for k in [k for k in arrays if k.startswith("running/")]}
     if (r is not None or running) and not (
             _object(r) and _int(r.get("seen")) and _int(r.get("n_batches")) and r["n_batches"] > 0
             and isinstance(r.get("stats"), list)
             and set(running) == {"loss_sum", "norm_sum", *(f"stats/{k}" for k in r["stats"])}
-            and all(v.ndim == 0 and v.dtype.kind in "fiu" and np.isfinite(v) for v in running.values())):
+            and all(v.ndim == 0 and v.dtype.kind in "fiu" and np.isfinite(v)
+                    for v in running.values())):
         raise corrupted("running: expected the sums of the interval in progress")
     part = {"model": {}, "selected": {}, "optimizer": {}}
     for k, v in arrays.items():
         kind, _, name = k.partition("/")
-        if kind not in part or (name.rpartition("/")[0] if kind == "optimizer" else name) not in names:
+        owner = name.rpartition("/")[0] if kind == "optimizer" else name
+        if kind not in part or owner not in names:
             raise corrupted(f"{k}: an array of no parameter")
         if v.dtype != np.float32 or v.ndim == 0:   # train.py's parameters and Adam's moments
             raise corrupted(f"{k}: {v.dtype} {v.shape}, expected float32 arrays")
         if not np.isfinite(v).all():
             raise corrupted(f"{k} is not finite")
         part[kind][name] = v
-    state = [{k.rpartition("/")[2]: v for k, v in part["optimizer"].items() if k.rpartition("/")[0] == n}
-             for n in names]
-    return dict(ckpt, model=part["model"], selected=part["selected"] or None,
-                optimizer=dict(ckpt["optimizer"], state=state), parameters=names, running_sums=running)
+    state = [{k.rpartition("/")[2]: v for k, v in part["optimizer"].items()
+              if k.rpartition("/")[0] == n} for n in names]
+    return dict(ckpt, model=part["model"], selected=part["selected"] or None, parameters=names,
+                optimizer=dict(ckpt["optimizer"], state=state), running_sums=running)
 
 
 def check_resumable(ckpt, path):
@@ -364,7 +363,7 @@ def check_resumable(ckpt, path):
 
 
 def identity(cfg):
-    """What must match for a checkpoint to belong to this run (the step budget may grow), as JSON."""
+    """What must match for a checkpoint to belong to this run (the budget may grow), as JSON."""
     d = dataclasses.asdict(cfg)
     for k in ("steps", "device", "eval_every", "eval_batch_size"):
         d.pop(k)
@@ -380,7 +379,7 @@ def settings(config):
 
 def read_log(path):
     """The entries of a metrics log, skipping with a warning the lines that are not JSON objects
-    with a step (torn by a kill, edited, not UTF-8): the checkpoint, not the log, holds the history."""
+    with a step (torn by a kill, edited, not UTF-8): the checkpoint holds the history."""
     entries, skipped = [], 0
     with open_regular(path, "rb") as f:
         for line in filter(bytes.strip, f):
@@ -401,7 +400,7 @@ def repair_log(path, history, step):
     """On --resume: make metrics.jsonl hold exactly the checkpoint's evaluations (a kill can leave
     lines after the checkpoint, or a torn one: dropped with a warning). Rewritten whole either way,
     so that it is this run's own file (not a link, not a cp -al copy's) before it is appended to."""
-    lines = [json.dumps(h, allow_nan=False) + "\n" for h in history]   # ASCII: json escapes the rest
+    lines = [json.dumps(h, allow_nan=False) + "\n" for h in history]   # ASCII: json escapes others
     try:
         with open_regular(path, "rb") as f:   # bytes: a line that is not UTF-8 is one more to drop
             old = [line.decode("ascii", "replace") for line in f]
@@ -410,6 +409,6 @@ def repair_log(path, history, step):
     if old != lines:
         keep = next((i for i, (a, b) in enumerate(zip(old, lines)) if a != b), min(len(old), len(lines)))
         print(f"warning: {path} did not match the checkpoint of step {step}: kept {keep} lines, "
-              f"dropped {len(old) - keep} (written after the checkpoint, or torn by an interruption), "
+              f"dropped {len(old) - keep} (written after the checkpoint, or torn by a kill), "
               f"restored {len(lines) - keep} from the checkpoint", file=sys.stderr)
     write_atomic(path, lambda f: f.writelines(lines))
