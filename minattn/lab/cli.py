@@ -280,7 +280,7 @@ def _load_run(out_dir, device, overrides=()):
         raise UsageError(f"no run directory {out_dir}")
     path = os.path.join(out_dir, CHECKPOINT)
     ckpt = load_checkpoint(path)
-    # any layout, older ones included; checked
+    # checked setting by setting
     saved = dict(saved_settings(ckpt, path), device=device)
     saved.update(parse_settings(overrides, saved["task"], saved["model"], allowed=EVAL_SETTINGS))
     cfg = make_config(saved.pop("task"), saved.pop("model"), saved.pop("preset"), **saved)

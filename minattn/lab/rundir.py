@@ -36,12 +36,11 @@ _signals = {"at_step_end": False, "terminated": False}
 
 @contextlib.contextmanager
 def handling_signals():
-    """In the block (in the main thread), SIGINT raises KeyboardInterrupt and SIGTERM Terminated. In
-    a write, write_atomic then removes its temporary file: the old file stays whole."""
+    """In the block (in the main thread), SIGINT raises KeyboardInterrupt and SIGTERM Terminated."""
     def on_signal(signum, frame):
         if signum == signal.SIGTERM and _signals["at_step_end"]:   # the loop saves the step, stops
             _signals["terminated"] = True
-        else:
+        else:   # in a write, write_atomic removes its temporary file: the old file stays whole
             raise KeyboardInterrupt if signum == signal.SIGINT else Terminated
     _signals.update(at_step_end=False, terminated=False)
     try:
@@ -53,6 +52,7 @@ def handling_signals():
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
+        _signals.update(at_step_end=False, terminated=False)
 
 
 def stop_at_step_end(on):
@@ -70,8 +70,7 @@ def terminated():
 
 @contextlib.contextmanager
 def stopping_at_once():
-    """In the block (an evaluation, which may outlast a scheduler's grace period before SIGKILL),
-    SIGTERM raises Terminated at once."""
+    """In the block (an evaluation: it may outlast a scheduler's grace period), SIGTERM raises."""
     was, _signals["at_step_end"] = _signals["at_step_end"], False
     try:
         yield
@@ -113,8 +112,7 @@ def append_line(path, line):
 def write_atomic(path, write, mode="w"):
     """``write(file)`` into a new temporary file beside ``path``, fsynced, then renamed over it (a
     link at ``path`` is replaced, not written through): ``path`` holds the old content or the new,
-    whatever a kill, Ctrl-C, a power cut or a full disk interrupts. The temporary file is removed,
-    or after a kill -9 swept by the lock's next holder."""
+    whatever a kill, Ctrl-C, a power cut or a full disk interrupts."""
     d = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(d, f".tmp-{os.getpid()}-{os.path.basename(path)}")
     try:   # "x": a new file (O_EXCL: never through a link), with the user's umask
@@ -162,7 +160,7 @@ def locked(out_dir):
         f.truncate()
         f.write(f"{os.getpid()}\n")
         f.flush()
-        for name in os.listdir(out_dir):    # the temporary files of writes a kill -9 interrupted
+        for name in os.listdir(out_dir):    # the temporary files of writes a kill -9 cut short
             if name.startswith(".tmp-"):    # (unlink removes a link, never what it points to)
                 with contextlib.suppress(FileNotFoundError, IsADirectoryError, PermissionError):
                     os.unlink(os.path.join(out_dir, name))
@@ -205,12 +203,10 @@ def to_json(obj):
 # --- checkpoint.npz (docs/checkpoints.md) ---------------------------------------------------------
 
 def save_checkpoint(path, metadata, params, opt_state, selected=None, running=None):
-    """``params``, ``selected`` (at the selected evaluation): {name: array} in the model's order;
-    ``opt_state``: the optimizer's state_dict, stored by parameter name (those without state are
-    listed, so a stripped checkpoint is told apart). ``running``: (loss sum, gradient-norm sum,
-    {stat: sum}, samples, batches) of the evaluation interval in progress, so that a resume logs
-    what an uninterrupted run logs. No RNG state: a run's random streams are functions of its seed
-    and the step."""
+    """``params``, ``selected`` (at the selected evaluation): {name: array}; ``opt_state``: the
+    optimizer's state_dict; ``running``: the sums of the evaluation interval in progress (train.Sums),
+    so that a resume logs what an uninterrupted run logs. No RNG state: a run's random streams are
+    functions of its seed and the step."""
     states = dict(zip(params, opt_state["state"]))
     arrays = {f"model/{k}": v for k, v in params.items()}
     arrays.update({f"selected/{k}": v for k, v in (selected or {}).items()})
@@ -242,9 +238,9 @@ class Corrupted(UsageError):
 
 
 def _read_npz(path, only=None):
-    """The arrays of the .npz at ``path`` (``only``: that member alone, e.g. "metadata.npy"), read
-    by np.load without pickles. np.savez does not compress, so no member may declare more bytes
-    than the file holds: a zip bomb (gigabytes in kilobytes) is refused before it is read."""
+    """The arrays of the .npz at ``path`` (``only``: that member alone, e.g. "metadata.npy"). The
+    members may not declare more bytes than the file holds (np.savez does not compress; a zip bomb
+    declares gigabytes in kilobytes): checked before any is read."""
     with open_regular(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         try:
@@ -371,8 +367,7 @@ def identity(cfg):
 
 
 def settings(config):
-    """A run's configuration (a dict, as results.json and checkpoints hold it) as one dict of its
-    settings by name: the model's and the task options' fields beside the run's."""
+    """A run's configuration (as results.json and checkpoints hold it) as {setting: value}."""
     return {**{k: v for k, v in config.items() if k not in ("model_config", "options")},
             **(config.get("model_config") or {}), **(config.get("options") or {})}
 
