@@ -10,7 +10,7 @@ and runs the modes that read a trained run instead of training one.
 A run's settings come from four places, merged in ``_main``: the recipe's preset (``make_config``),
 the flags, ``--set KEY=VALUE`` (minattn/lab/settings.py types them) and, on ``--resume``, the
 checkpoint. Bad input is one line ``error: ...`` and exit code 2; a run whose loss is not finite
-exits 3; Ctrl-C 130 and SIGTERM 143, after the write in progress (minattn/lab/rundir.py).
+exits 3; Ctrl-C 130 and SIGTERM 143, abandoning a write in progress (minattn/lab/rundir.py).
 """
 import argparse
 import dataclasses
@@ -110,7 +110,7 @@ def main(argv, train):
     # --help shows train.py's own docstring (what a user reads), not this file's
     args, where = parse_args(argv, sys.modules[train.__module__].__doc__), {"out": None}
     try:
-        # Ctrl-C and SIGTERM: after any write in progress, then the lines below
+        # Ctrl-C and SIGTERM (a write in progress is abandoned, its old file kept), then below
         with handling_signals():
             return _main(args, where, train)
     except (UsageError, backend.DeviceError) as e:
