@@ -45,7 +45,6 @@ from tqdm import tqdm  # noqa: E402
 from minattn import backend, optim  # noqa: E402
 from minattn.lab import cli  # noqa: E402
 from minattn.lab.errors import Diverged, UsageError  # noqa: E402
-from minattn.lab.legacy import old_checkpoint, older_metrics  # noqa: E402
 from minattn.lab.recipes import RECIPES, recipe_for  # noqa: E402, F401 (RECIPES: for scripts)
 from minattn.lab.recipes.base import optimizer, schedule, stop_early  # noqa: E402
 from minattn.lab.rundir import (CHECKPOINT, Terminated, append_line, identity,  # noqa: E402, F401
@@ -125,7 +124,7 @@ def restore(cfg, out_dir, resume):
     checkpoint's state; the data stream replayed up to its step."""
     if resume:   # refused unless the checkpoint is this run's and whole
         ckpt = resume_check(cfg, out_dir)
-    elif os.path.exists(os.path.join(out_dir, CHECKPOINT)) or old_checkpoint(out_dir):
+    elif os.path.exists(os.path.join(out_dir, CHECKPOINT)):
         raise UsageError(f"{out_dir} already holds a checkpoint: pass --resume to continue it, "
                          "or choose another --out")
 
@@ -147,7 +146,7 @@ def restore(cfg, out_dir, resume):
                              f"model: {e}") from None
         run.step, run.best, run.train_time = ckpt["step"], ckpt["best"], ckpt["train_time"]
         run.history, run.selected = ckpt["history"], ckpt["selected"]
-        run.last = ckpt["last"] if "last" in ckpt else older_metrics(run.best, run.history)
+        run.last = ckpt["last"]
         run.sums = Sums(*running_sums(ckpt, cfg.device))   # saved between evaluations (SIGTERM)
         repair_log(run.log_path, run.history, run.step)
     elif os.path.exists(run.log_path):

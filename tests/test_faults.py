@@ -60,7 +60,9 @@ def _rewrite(path, edit_arrays=None, edit_meta=None):
 # --- 2. locks and every write in a run directory: never through a link --------------------------------------
 
 @pytest.mark.parametrize("name", ["lock", "metrics.jsonl"])
-def test_a_symlinked_lock_or_log_is_refused_and_its_target_untouched(name, fresh, tmp_path, capsys):
+def test_a_symlinked_lock_or_log_is_never_written_through(name, fresh, tmp_path, capsys):
+    """A symbolic lock is refused (it is never replaced: see rundir.locked); a symbolic log is replaced by a file
+    of the run's own (--resume rewrites the log whole). Either way the link's target is untouched."""
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
     os.remove(os.path.join(fresh, name))
@@ -71,7 +73,16 @@ def test_a_symlinked_lock_or_log_is_refused_and_its_target_untouched(name, fresh
         victim.write_text("".join(json.dumps(h) + "\n" for h in history))
     before = victim.read_text()
     code, err = run(TINY + ["--steps", "4", "--out", fresh, "--resume"], capsys)
-    assert code == 2 and "symbolic link" in err and "Traceback" not in err, err
+    if name == "lock":
+        one_line_error(code, err)
+        assert "symbolic link" in err
+    else:
+        assert code == 0 and not os.path.islink(os.path.join(fresh, name)), err
+        assert [json.loads(line)["step"] for line in open(os.path.join(fresh, name))] == [2, 4]
+        os.remove(os.path.join(fresh, name))
+        os.symlink(victim, os.path.join(fresh, name))       # a link made while a run appends to its log
+        with pytest.raises(train.UsageError, match="symbolic link"):
+            rundir.append_line(os.path.join(fresh, name), "{}\n")
     assert victim.read_text() == before
 
 
@@ -128,9 +139,9 @@ def test_stale_temp_files_are_swept_when_a_run_takes_the_directory(fresh, capsys
 
 
 @pytest.mark.parametrize("signum,exc", [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, rundir.Terminated)])
-def test_a_signal_during_a_write_takes_effect_after_the_rename(signum, exc, tmp_path):
-    """Ctrl-C or SIGTERM in the middle of an atomic write: the write completes (the new file whole, no temp
-    file), then the run stops (before: a temp file was left, or 'No such file' with exit 2)."""
+def test_a_signal_during_a_write_leaves_the_old_file_whole_and_no_temp_file(signum, exc, tmp_path):
+    """Ctrl-C or SIGTERM in the middle of an atomic write: the run stops, the file keeps its old content whole
+    and the temporary file is gone (a kill -9 leaves it, for the lock's next holder to sweep)."""
     path = tmp_path / "results.json"
     path.write_text("old")
 
@@ -140,7 +151,7 @@ def test_a_signal_during_a_write_takes_effect_after_the_rename(signum, exc, tmp_
         f.write("whole")
     with pytest.raises(exc), rundir.handling_signals():
         rundir.write_atomic(str(path), write)
-    assert path.read_text() == "new, whole" and os.listdir(tmp_path) == ["results.json"]
+    assert path.read_text() == "old" and os.listdir(tmp_path) == ["results.json"]
 
 
 def _start(out, steps, *extra):
@@ -309,9 +320,10 @@ def test_an_array_declaring_more_than_its_member_holds_is_refused(fresh, capsys)
         header = {"descr": "<f4", "fortran_order": False, "shape": (10 ** 12,)}
         with z.open("model/huge.npy", "w") as f:
             np.lib.format.write_array_header_1_0(f, header)
+    start = time.time()
     code, err = run(["--evaluate", "--out", fresh], capsys)
     one_line_error(code, err)
-    assert "larger than it says" in err
+    assert "checkpoint" in err and "is corrupted" in err and time.time() - start < 10   # nothing allocated
 
 
 @pytest.mark.parametrize("strip", ["every parameter", "one parameter"])

@@ -13,7 +13,7 @@ sys.path.insert(0, ROOT)
 import train  # noqa: E402
 
 PLACEHOLDERS = {"N": "500", "S": "1", "DIR": "runs/x", "RUN": "runs/x"}
-NOT_TRAINING = ("--report", "--resume", "--evaluate", "--plot", "--analyze", "--convert")
+NOT_TRAINING = ("--report", "--resume", "--evaluate", "--plot", "--analyze")
 
 
 def commands():

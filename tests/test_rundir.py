@@ -1,4 +1,4 @@
-"""The run directory (issue 22, issue 21 item 6): one writer at a time, a resume that keeps its budget, a log
+"""The run directory: one writer at a time, a resume that keeps its budget, a log
 that survives a kill, a report that cannot miscount, a divergence guard, one-line errors, safe checkpoints."""
 import json
 import os
@@ -12,7 +12,7 @@ import pytest
 
 import tasks
 import train
-from minattn.lab import cli
+from minattn.lab import cli, rundir
 from minattn.lab.recipes.base import example_name, sample_name
 
 from .test_train import ROOT, TINY, ctl_generated, run  # noqa: F401 (ctl_generated: an autouse fixture)
@@ -254,27 +254,30 @@ def test_a_checkpoint_loads_without_pickle(tmp_path, capsys):
     assert meta["step"] == 2 and meta["config"]["task"] == "ctl" and len(meta["history"]) == 1
 
 
-def test_an_old_pickle_checkpoint_is_refused_and_converted_only_on_request(tmp_path, capsys):
+def test_an_older_minattns_run_directory_is_one_line_and_nothing_is_unpickled(tmp_path, capsys):
+    """A checkpoint.pkl (a pickle: loading it would run the code it carries) or a checkpoint.npz of an
+    older format: one line saying so and what to do, exit 2, in every mode that reads or writes the run."""
     out, marker = tmp_path / "run", tmp_path / "unpickled"
     assert run(TINY + ["--steps", "2", "--out", str(out)], capsys)[0] == 0
-    ckpt = train.load_checkpoint(str(out / "checkpoint.npz"))
-    old = {"version": 1, **{k: ckpt[k] for k in ("identity", "config", "step", "train_time", "model", "optimizer")},
-           "best": ckpt["best"], "payload": Payload(str(marker))}
-    (out / "checkpoint.npz").unlink()
-    with open(out / "checkpoint.pkl", "wb") as f:
-        pickle.dump(old, f)
-    for argv in (TINY + ["--steps", "4", "--out", str(out), "--resume"], ["--evaluate", "--out", str(out)],
-                 ["--resume", str(out)]):
+    path = out / "checkpoint.npz"
+    with np.load(path, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    meta = json.loads(arrays["metadata"].item())
+    assert meta["version"] == rundir.CHECKPOINT_VERSION
+    arrays["metadata"] = np.array(json.dumps(dict(meta, version=rundir.CHECKPOINT_VERSION - 1)))
+    np.savez(path, **arrays)
+    modes = [TINY + ["--steps", "4", "--out", str(out), "--resume"], ["--resume", str(out)],
+             ["--evaluate", "--out", str(out)], ["--plot", "--out", str(out)], ["--show-config", "--resume", str(out)]]
+    for argv in modes:
         code, err = run(argv, capsys)
         one_line_error(code, err)
-        assert f"python train.py --convert {out}" in err and not marker.exists()
-    code, err = run(["--convert", str(out)], capsys)
-    assert code == 0 and "runs any code" in err and marker.exists()       # it did: only when asked
-    again = train.load_checkpoint(str(out / "checkpoint.npz"))
-    for k in ckpt["model"]:
-        np.testing.assert_array_equal(again["model"][k], ckpt["model"][k])
-    assert again["history"] == ckpt["history"] and again["step"] == 2
-    assert run(TINY + ["--steps", "4", "--out", str(out), "--resume"], capsys)[0] == 0
-    code, err = run(["--convert", str(out)], capsys)       # again: the old pickle must not replace step 4
-    one_line_error(code, err)
-    assert "already holds checkpoint.npz" in err and train.load_checkpoint(str(out / "checkpoint.npz"))["step"] == 4
+        assert f"{out} is a run of an older minattn (checkpoint.npz of format {rundir.CHECKPOINT_VERSION - 1}" in err
+        assert "start a new run" in err
+    path.unlink()
+    with open(out / "checkpoint.pkl", "wb") as f:
+        pickle.dump({"version": 1, "payload": Payload(str(marker))}, f)
+    for argv in modes + [TINY + ["--steps", "2", "--out", str(out)]]:   # a new run there too
+        code, err = run(argv, capsys)
+        one_line_error(code, err)
+        assert f"{out} is a run of an older minattn (it holds checkpoint.pkl)" in err and "start a new run" in err
+    assert not marker.exists()

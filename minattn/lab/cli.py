@@ -10,7 +10,7 @@ and runs the modes that read a trained run instead of training one.
 A run's settings come from four places, merged in one pass in this order by ``resolve``: the recipe's
 preset, on ``--resume`` the checkpoint's, the flags, then ``--set KEY=VALUE`` (minattn/lab/settings.py
 types them). Bad input is one line ``error: ...`` and exit code 2; a run whose loss is not finite
-exits 3; Ctrl-C 130 and SIGTERM 143, after the write in progress (minattn/lab/rundir.py).
+exits 3; Ctrl-C 130 and SIGTERM 143, abandoning a write in progress (minattn/lab/rundir.py).
 """
 import argparse
 import dataclasses
@@ -23,7 +23,6 @@ from minattn import backend
 
 from . import viz
 from .errors import Diverged, UsageError
-from .legacy import convert, old_checkpoint
 from .recipes import RECIPES, recipe_for
 from .recipes.base import schedule
 from .report import report, run_curves
@@ -74,9 +73,6 @@ def parse_args(argv=None, description=__doc__):
     ap.add_argument("--report", nargs="+", metavar="DIR",
                     help="print a markdown table of finished runs (and mean ± std over the seeds "
                          "of one experiment) and exit")
-    ap.add_argument("--convert", metavar="DIR",
-                    help="rewrite DIR/checkpoint.pkl of an older minattn as checkpoint.npz and "
-                         "exit (unpickling runs code from the file: only for files you trust)")
     ap.add_argument("--analyze", action="store_true",
                     help="print the analysis of the checkpoint in --out and exit (retrieval: the "
                          "value-score table of paper Fig. 5)")
@@ -114,7 +110,7 @@ def main(argv, train):
     # --help shows train.py's own docstring (what a user reads), not this file's
     args, where = parse_args(argv, sys.modules[train.__module__].__doc__), {"out": None}
     try:
-        # Ctrl-C and SIGTERM: after any write in progress, then the lines below
+        # Ctrl-C and SIGTERM (a write in progress is abandoned, its old file kept), then below
         with handling_signals():
             return _main(args, where, train)
     except (UsageError, backend.DeviceError) as e:
@@ -153,9 +149,6 @@ def _main(args, where, train):
     _check_flags(args)
     if args.report:
         report(args.report, args.plot_dir)
-        return 0
-    if args.convert:
-        convert(args.convert)
         return 0
     device = "cpu" if args.device is None else args.device
     if args.analyze:
@@ -196,8 +189,8 @@ def _check_flags(args):
             raise UsageError(f"--resume {args.resume} and --out {args.out} name different run "
                              "directories")
         args.out, args.resume = args.resume, True
-    modes = [f"--{m.replace('_', '-')}" for m in ("report", "convert", "analyze", "evaluate", "plot",
-                                                  "show_config") if getattr(args, m)]
+    modes = [f"--{m.replace('_', '-')}" for m in ("report", "analyze", "evaluate", "plot", "show_config")
+             if getattr(args, m)]
     if len(modes) > 1:   # each runs alone
         raise UsageError(f"{' and '.join(modes)} are separate modes: give one at a time")
     inspect = next((flag for flag in ("analyze", "evaluate", "plot") if getattr(args, flag)), None)
@@ -223,7 +216,7 @@ def resolve(args):
 
     Returns the configuration and the settings given by 2–4, by name."""
     saved = {}
-    if args.resume and args.out:
+    if args.resume and args.out and os.path.exists(os.path.join(args.out, CHECKPOINT)):   # else: resume's check
         saved = resume_settings(args.out, args.task, args.model, args.preset)
     task, model, preset = (saved.pop(name, None) or getattr(args, name) or default
                            for name, default in (("task", "ctl"), ("model", "ndr"), ("preset", "cpu")))
@@ -296,11 +289,8 @@ def _load_run(out_dir, device, overrides=()):
     if not os.path.isdir(out_dir):
         raise UsageError(f"no run directory {out_dir}")
     path = os.path.join(out_dir, CHECKPOINT)
-    if not os.path.exists(path) and not old_checkpoint(out_dir):
-        raise UsageError(f"{out_dir} holds no {CHECKPOINT} (is it a run directory? train there "
-                         "first)")
     ckpt = load_checkpoint(path)
-    # any layout, older ones included; checked
+    # checked setting by setting
     saved = dict(saved_settings(ckpt, path), device=device)
     saved.update(parse_settings(overrides, saved["task"], saved["model"], allowed=EVAL_SETTINGS))
     cfg = make_config(saved.pop("task"), saved.pop("model"), saved.pop("preset"), **saved)

@@ -13,7 +13,6 @@ import numpy as np
 
 from . import viz
 from .errors import UsageError
-from .legacy import older_metrics
 from .rundir import CHECKPOINT, Corrupted, _int, _number, _read_npz, open_regular, read_log, settings
 
 
@@ -76,8 +75,7 @@ def _unfinished_run(d):
                                                            ("seed", int), ("steps", int)))):
         raise UsageError(f"{d} has no results.json, and its checkpoint does not say how far the run got")
     last = history[-1]
-    # the metrics of the last evaluation, as the recipe named them ("last"; older checkpoints: the log's)
-    metrics = meta["last"] if isinstance(meta.get("last"), dict) else older_metrics({"metrics": {}}, history)
+    metrics = meta["last"] if isinstance(meta.get("last"), dict) else {}   # the last evaluation's
     best = meta.get("best") if isinstance(meta.get("best"), dict) else {}   # the selected evaluation so far
     r = {"task": cfg["task"], "model": cfg["model"], "preset": cfg["preset"], "seed": cfg["seed"],
          "steps": last.get("step"), "config": cfg, "wall_s": last.get("wall_s") or 0,
