@@ -53,9 +53,9 @@ def _make_n(*args):
 def test_make_gpu_check_with_a_given_python_builds_no_venv_and_the_venv_gets_cupy_with_ctk():
     p = _make_n("gpu-check", "PY=python3")
     assert p.returncode == 0 and p.stdout.split() == ["python3", "-m", "minattn.tools.gpucheck"]
-    p = _make_n("gpu-check")
+    p = _make_n("gpu-check", "PYTHON=false")               # a Python without CuPy: the venv gets it
     assert "install -q 'cupy-cuda12x[ctk]'" in p.stdout and "-m minattn.tools.gpucheck" in p.stdout
-    p = _make_n("venv", "DEVICE=gpu", "CUPY=cupy-cuda13x")
+    p = _make_n("venv", "DEVICE=gpu", "CUPY=cupy-cuda13x", "PYTHON=false")
     assert "uninstall -q -y cupy-cuda12x" in p.stdout and "install -q 'cupy-cuda13x[ctk]'" in p.stdout
 
 
