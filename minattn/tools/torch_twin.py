@@ -143,6 +143,8 @@ def twin_step(run, inputs, device="cpu"):
     labels, from ``bench.ndr_step``), and the wait for its device: (step, sync)."""
     torch = _torch()
     tdev = "cuda" if device == "gpu" else "cpu"
+    if tdev == "cpu":
+        torch.set_num_threads(1)     # as minattn's one BLAS thread
     cfg = run.model_config
     twin = build_twin(torch)(19, 8, cfg).load(Classifier("ndr", 19, 8, cfg)).to(tdev)
     tx, tlen, ty = (torch.as_tensor(backend.to_numpy(a), device=tdev) for a in inputs)
