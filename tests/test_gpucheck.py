@@ -1,5 +1,6 @@
 """`make gpu-check` (minattn.tools.gpucheck): what can be checked without a GPU — the resume comparison on the CPU,
-its power to find a difference, the one-line refusal without a GPU, and the Makefile wiring."""
+its power to find a difference, the one-line refusal without a GPU, the Makefile wiring, and the GPU window
+(`--window`) end to end on the CPU."""
 import json
 import os
 import subprocess
@@ -108,12 +109,14 @@ def test_the_window_runs_every_part_on_the_cpu_one_file_each_and_a_later_window_
     assert sorted(os.listdir(out)) == sorted([f"{p}.txt" for p in parts] + ["f-card-run", "summary.txt"])
     text = {p: (out / f"{p}.txt").read_text() for p in parts}
     for p in parts:
-        assert text[p].startswith(f"=== gpu window: {p} (") and text[p].splitlines()[-1].startswith(f"{p} PASS")
+        assert text[p].startswith(f"=== gpu window: {p} (")
+        assert text[p].splitlines()[-1].startswith(f"{p} PASS")
     assert "7 kernel forms equal to their definitions" in text["a-kernels"]
-    assert "  kernels off " in text["b-steps"] and "  kernels on " in text["b-steps"] and "on/off" in text["b-steps"]
+    assert all(f"  {what} " in text["b-steps"] for what in ("kernels off", "kernels on", "on/off"))
     assert "device operations counted" in text["c-why"] and "batch-1 step" in text["c-why"]
-    assert "host ms per phase" in text["c-why"] and "optimizer" in text["c-why"] and "cumtime" in text["c-why"]
-    assert "$ MINATTN_KERNELS=1 " in text["d-resume"] and "4 steps straight == 2 + resume to 4" in text["d-resume"]
+    assert all(what in text["c-why"] for what in ("host ms per phase", "optimizer", "cumtime"))
+    assert "$ MINATTN_KERNELS=1 " in text["d-resume"]                     # the kernels on
+    assert "4 steps straight == 2 + resume to 4" in text["d-resume"]
     assert "MINATTN_KERNELS=1" in text["e-suite"] and "-m gpu" in text["e-suite"]
     assert "stopped (SIGTERM) at step" in text["f-card"] and "--card-run" in text["f-card"]
     assert (out / "summary.txt").read_text().count(" PASS ") == len(parts)
@@ -129,7 +132,8 @@ def test_the_window_runs_every_part_on_the_cpu_one_file_each_and_a_later_window_
 
 def test_the_window_turns_the_kernels_on_for_the_card_only_if_they_passed(monkeypatch, tmp_path):
     seen = []
-    monkeypatch.setattr(gpucheck, "_run", lambda argv, env=None, stop_after=None: seen.append(env) or (1, ["?"]))
+    monkeypatch.setattr(gpucheck, "_run",
+                        lambda argv, env=None, stop_after=None: seen.append(env) or (1, ["?"]))
     for kernels_ok in (True, False):
         monkeypatch.setattr(gpucheck, "WINDOW", (("a-kernels", lambda device, opts: (kernels_ok, "")),
                                                  ("f-card", gpucheck.window_card)))
@@ -142,3 +146,28 @@ def test_the_window_refuses_bad_flags_in_one_line(capsys):
         assert gpucheck.main(["--device", "cpu", *args]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith("error: ")
+
+
+def test_the_gpu_busy_time_is_the_step_s_own_time_behind_the_blocker():
+    """gpu_busy_ms on a stand-in device whose 'GPU' runs each call at once and whose events read the clock."""
+    import time
+
+    class Clock:
+        def record(self):
+            self.t = time.perf_counter()
+
+        def synchronize(self):
+            pass
+
+    class Device:
+        ones, empty_like = np.ones, np.empty_like
+        matmul = staticmethod(lambda a, b, out: time.sleep(0.001))      # the blocker: 1 ms a product
+
+        class cuda:
+            Event = Clock
+            get_elapsed_time = staticmethod(lambda start, end: (end.t - start.t) * 1e3)
+
+    busy, ahead = gpucheck.gpu_busy_ms(lambda: time.sleep(0.02), Device, host_ms=20, n=64)
+    assert 19 < busy < 60 and ahead          # ms, the step's own; the blocker lasted longer than its queueing
+    busy, ahead = gpucheck.gpu_busy_ms(lambda: time.sleep(0.02), Device, host_ms=0.001, n=64)
+    assert not ahead                         # a blocker shorter than the host's queueing is flagged

@@ -20,7 +20,8 @@ from minattn import nn
 from minattn.engine import Tensor
 
 
-def _sync(xp):
+def wait(xp):
+    """Wait for the device's queued work (CuPy's null stream; nothing on NumPy)."""
     if xp is not np:
         xp.cuda.Stream.null.synchronize()
 
@@ -28,7 +29,7 @@ def _sync(xp):
 def timeit(fn, xp=np, repeat=5, min_time=0.2, sync=None):
     """Median seconds per call of ``fn`` over ``repeat`` batches of calls lasting ≥ min_time each.
     ``sync`` waits for the device (default: CuPy's null stream when ``xp`` is CuPy)."""
-    sync = sync or (lambda: _sync(xp))
+    sync = sync or (lambda: wait(xp))
     fn()
     sync()
     n, times = 1, []
@@ -286,7 +287,7 @@ def peak_step_memory(step, device):
     before = pool.used_bytes()
     pool.free_all_blocks()
     step()
-    _sync(xp)
+    wait(xp)
     return pool.total_bytes() - before
 
 

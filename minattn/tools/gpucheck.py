@@ -17,27 +17,28 @@ It runs, printing their output as they go, and then one summary line for each:
    ``tests/test_torch_twin.py`` has checked that the two compute the same logits and gradients. Without
    torch it passes as "skipped" (torch is no dependency of minattn).
 
-``--window --out DIR`` is instead the one call for a lent GPU (docs/gpu.md): what a kernel decision needs,
-in that order, in about 8 minutes, each part written to its own file in DIR as it finishes:
+``--window --out DIR`` is instead the one call for a lent GPU (docs/gpu.md): what the decision on
+the kernels needs, in that order, in about 8 minutes, each part written to its own file in DIR as it
+finishes (and its summary line to DIR/summary.txt):
 
 a. ``a-kernels.txt``: the kernels against their definitions (part 2 above);
-b. ``b-steps.txt``: NDR's training step with the kernels off, on, and in PyTorch eager (the twin), alternating
-   in one process, at the paper and cpu presets;
-c. ``c-why.txt``: why: a batch-1 step (host work alone) on the device and on NumPy, which splits host time
-   into minattn's Python and CuPy's cost per call; the GPU's busy time per step; the host time of each
-   phase (forward, backward, clip, optimizer); a profile of kernels-on training steps;
+b. ``b-steps.txt``: NDR's training step with the kernels off, on, and in PyTorch eager (the twin),
+   alternating in one process, at the paper and cpu presets;
+c. ``c-why.txt``: why: a batch-1 step (host work alone) on the device and on NumPy, which splits
+   host time into minattn's Python and CuPy's cost per call; the GPU's busy time per step; the host
+   time of each phase (forward, backward, clip, optimizer); a profile of kernels-on training steps;
 d. ``d-resume.txt``: part 4 with the kernels on, 100 steps;
 e. ``e-suite.txt``: part 1 with the kernels on;
-f. ``f-card.txt``: the card's run, ``train.py --task ctl --model ndr --device gpu``, with the kernels on if
-   (a) passed, until ``--budget`` seconds from the start; then SIGTERM: train.py saves its step, and a later
-   window continues it (``--card-run DIR``).
+f. ``f-card.txt``: the card's run, ``train.py --task ctl --model ndr --device gpu``, with the kernels
+   on if (a) passed, until ``--budget`` seconds from the start; then SIGTERM: train.py saves its
+   step, and a later window continues it (``--card-run DIR``).
 
 ``--device cpu`` runs every part on the CPU (tests/test_gpucheck.py, with smaller sizes).
 
 It needs a Python with numpy, cupy, tqdm and pytest and nothing else (no venv, no network): ``make
-gpu-check`` uses such a Python as it is. It runs ``train.py`` from the repository this package sits in. Arguments
-after ``--`` go to every train.py run (the tests use that for a tiny model on the CPU). Exit status:
-0 when every part passed, 1 when one failed, 2 when the device cannot be used at all.
+gpu-check`` uses such a Python as it is. It runs ``train.py`` from the repository this package sits
+in. Arguments after ``--`` go to every train.py run (the tests use that for a tiny model on the
+CPU). Exit status: 0 when every part passed, 1 when one failed, 2 when the device cannot be used.
 """
 import argparse
 import contextlib
@@ -64,13 +65,13 @@ PARTS = ("tests", "kernels", "bench", "resume", "torch")
 
 
 def _run(argv, env=None, stop_after=None):
-    """Run a command, echoing its output; returns (exit status, output lines). ``stop_after``: seconds
-    after which it gets SIGTERM (and SIGKILL a minute later)."""
+    """Run a command, echoing its output; returns (exit status, output lines). ``stop_after``:
+    seconds after which it gets SIGTERM (and SIGKILL a minute later)."""
     print("$ " + " ".join([*(f"{k}={v}" for k, v in (env or {}).items()), *argv]), flush=True)
     p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          env=dict(os.environ, **(env or {})))
-    timers = [threading.Timer(t, stop) for t, stop in ((stop_after, p.terminate), (stop_after + 60, p.kill))
-              ] if stop_after is not None else []
+    timers = [] if stop_after is None else [threading.Timer(stop_after, p.terminate),
+                                            threading.Timer(stop_after + 60, p.kill)]
     for timer in timers:
         timer.start()
     lines = []
@@ -307,8 +308,9 @@ def have_torch():
 
 def window_steps(device, opts):
     """(b) NDR's training step with the kernels off, on, and in PyTorch eager (the twin), in one
-    process: ``--rounds`` rounds, the order reversed every other round, each round a ``bench.timeit``
-    block of at least ``--min-time`` seconds per variant; the median of each and the ratios."""
+    process: ``--rounds`` rounds, the order reversed every other round, each round a
+    ``bench.timeit`` block of at least ``--min-time`` seconds per variant; the median of each and
+    the ratios."""
     from minattn.fast import kernels
     from .torch_twin import twin_step
     xp, found = backend.get_xp(device), []
@@ -329,7 +331,7 @@ def window_steps(device, opts):
                     times[name].append(bench.timeit(step, xp, 1, opts.min_time, sync) * 1e3)
         ms = {name: statistics.median(t) for name, t in times.items()}
         B, T = inputs[0].shape
-        print(f"{preset} preset, batch {B}×{T}, {opts.rounds} alternating rounds, ms per training step:")
+        print(f"{preset} preset, batch {B}×{T}, {opts.rounds} alternating rounds, ms per step:")
         for name, t in times.items():
             print(f"  {name:12s} {ms[name]:8.2f}   rounds {' '.join(f'{x:.2f}' for x in t)}")
         ratios = {"on/off": ms["kernels on"] / ms["kernels off"]}
@@ -351,11 +353,11 @@ def count_launches(kernels_on):
         return sum(counting.count_step(*counting.ndr_ctl_step())[0].values())
 
 
-def gpu_busy_ms(step, xp, host_ms):
+def gpu_busy_ms(step, xp, host_ms, n=4096):
     """(GPU ms of one step's work, whether the host had queued all of it before the GPU reached it):
     float32 matmuls that last about twice the step's host time run first, and CUDA events time what
     follows them, so the GPU never waits for the host and the time is its own."""
-    a = xp.ones((4096, 4096), np.float32)
+    a = xp.ones((n, n), np.float32)
     out = xp.empty_like(a)
     start, mid, end = (xp.cuda.Event() for _ in range(3))
     start.record()
@@ -375,14 +377,21 @@ def gpu_busy_ms(step, xp, host_ms):
     return xp.cuda.get_elapsed_time(mid, end), queued < xp.cuda.get_elapsed_time(start, mid)
 
 
+def _steps(step, n, xp):
+    for _ in range(n):
+        step()
+    bench.wait(xp)
+
+
 def window_why(device, opts):
-    """(c) Why: host time = minattn's Python (P) + n device operations × CuPy's cost per call (c); the
-    GPU's busy time; the host time of each phase; a profile of kernels-on training steps."""
+    """(c) Why: host time = minattn's Python (P) + n device operations × CuPy's cost per call (c);
+    the host time of each phase; a profile of kernels-on training steps; the GPU's busy time (last:
+    the one measurement only a GPU runs)."""
     from minattn.engine import plain
     from minattn.fast import kernels
-    xp = backend.get_xp(device)
-    print("1. host work alone: a batch-1 step (cpu preset; the GPU's work negligible) on the device and "
-          "on NumPy (the annex's path, as on CuPy; there the kernels run their definitions)")
+    xp, presets = backend.get_xp(device), opts.presets.split(",")
+    print("1. host work alone: a batch-1 step (cpu preset; the GPU's work negligible) on the device "
+          "and on NumPy (the annex's path, as on CuPy; there the kernels run their definitions)")
     n = {on: count_launches(on) for on in (False, True)}
     ms = {}
     for dev in dict.fromkeys((device, "cpu")):
@@ -395,14 +404,34 @@ def window_why(device, opts):
     found = [f"batch 1: {device} {ms[device, False]:.1f}/{ms[device, True]:.1f} ms (kernels off/on)"]
     if device != "cpu":
         c = {on: (ms[device, on] - ms["cpu", on]) / n[on] * 1e3 for on in (False, True)}
-        print(f"   P ≤ the NumPy time (minattn's Python + NumPy's calls); c ≈ (device − NumPy) / n: "
-              f"{c[False]:.1f} µs per call (kernels off), {c[True]:.1f} µs (on)")
+        print(f"   P ≤ the NumPy time (minattn's Python + NumPy's calls); c ≈ (device − NumPy) / "
+              f"n: {c[False]:.1f} µs per call (kernels off), {c[True]:.1f} µs (on)")
         found.append(f"NumPy {ms['cpu', False]:.1f}/{ms['cpu', True]:.1f} ms, "
                      f"c ≈ {c[False]:.1f}/{c[True]:.1f} µs per call")
-    print("2. the GPU's busy time per step (its work queued behind a blocker, CUDA events)")
+    print("2. host ms per phase (no sync between phases: what the host spends)")
+    for preset in presets:
+        for on in (False, True):
+            phases = {}
+            with kernels.switched(on):
+                step = bench.ndr_step(device, preset, opts.batch, phases)[0]
+                _steps(step, 2, xp)
+                phases.clear()
+                _steps(step, opts.block, xp)
+            print(f"   {preset} kernels {'on ' if on else 'off'}: " + "  ".join(
+                f"{k} {v / opts.block * 1e3:7.2f}" for k, v in phases.items()))
+    print(f"3. cProfile of {opts.block} training steps, kernels on ({presets[0]} preset), by own time")
+    with kernels.switched(True):
+        step = bench.ndr_step(device, presets[0], opts.batch)[0]
+        _steps(step, 2, xp)
+        profile = cProfile.Profile()
+        profile.enable()
+        _steps(step, opts.block, xp)
+        profile.disable()
+    pstats.Stats(profile, stream=sys.stdout).sort_stats("tottime").print_stats(45)
+    print("4. the GPU's busy time per step (its work queued behind a blocker, CUDA events)")
     if device == "cpu":
         print("   skipped: no GPU")
-    for preset, on in [(p, on) for p in opts.presets.split(",") for on in (False, True)] * (device != "cpu"):
+    for preset, on in [(p, on) for p in presets for on in (False, True)] * (device != "cpu"):
         with kernels.switched(on):
             step = bench.ndr_step(device, preset, opts.batch)[0]
             host = bench.timeit(step, xp, 1, opts.min_time) * 1e3
@@ -411,35 +440,6 @@ def window_why(device, opts):
         print(f"   {preset} kernels {'on ' if on else 'off'}: GPU {gpu:7.2f} ms of the step's "
               f"{host:7.2f} ms" + ("" if all(q for _, q in busy) else
                                    "  (the host was not ahead of the GPU: an upper bound)"))
-    print("3. host ms per phase (no sync between phases: what the host spends)")
-    for preset in opts.presets.split(","):
-        for on in (False, True):
-            phases = {}
-            with kernels.switched(on):
-                step = bench.ndr_step(device, preset, opts.batch, phases)[0]
-                for _ in range(2):
-                    step()
-                bench._sync(xp)
-                phases.clear()
-                for _ in range(opts.block):
-                    step()
-                bench._sync(xp)
-            print(f"   {preset} kernels {'on ' if on else 'off'}: " + "  ".join(
-                f"{k} {v / opts.block * 1e3:7.2f}" for k, v in phases.items()))
-    preset = opts.presets.split(",")[0]
-    print(f"4. cProfile of {opts.block} training steps with the kernels on ({preset} preset), by own time")
-    with kernels.switched(True):
-        step = bench.ndr_step(device, preset, opts.batch)[0]
-        for _ in range(2):
-            step()
-        bench._sync(xp)
-        profile = cProfile.Profile()
-        profile.enable()
-        for _ in range(opts.block):
-            step()
-        bench._sync(xp)
-        profile.disable()
-    pstats.Stats(profile, stream=sys.stdout).sort_stats("tottime").print_stats(45)
     return True, "; ".join(found)
 
 
@@ -449,11 +449,11 @@ def window_card(device, opts):
     run_dir = opts.card_run or os.path.join(opts.out, "f-card-run")
     resume = os.path.exists(os.path.join(run_dir, "checkpoint.npz"))
     seconds = max(opts.deadline - time.monotonic() - STOP_GRACE_S, MIN_CARD_S)
-    print(f"kernels {'on' if opts.kernels_passed else 'off'}; SIGTERM in {seconds:.0f} s", flush=True)
-    code, lines = _run([sys.executable, "train.py", "--task", "ctl", "--model", "ndr", "--device", device,
-                        "--no-progress", "--out", run_dir, *(["--resume"] if resume else []),
-                        *opts.train_args],
-                       env={"MINATTN_KERNELS": "1" if opts.kernels_passed else "0"}, stop_after=seconds)
+    on = opts.kernels_passed
+    print(f"kernels {'on' if on else 'off'}; SIGTERM in {seconds:.0f} s", flush=True)
+    code, lines = _run([sys.executable, "train.py", "--task", "ctl", "--model", "ndr", "--device",
+                        device, "--no-progress", "--out", run_dir, *(["--resume"] if resume else []),
+                        *opts.train_args], env={"MINATTN_KERNELS": str(int(on))}, stop_after=seconds)
     if code == 0:
         with open(os.path.join(run_dir, "results.json")) as f:
             r = json.load(f)
@@ -468,7 +468,8 @@ def window_card(device, opts):
                   f"--card-run {run_dir}")
 
 
-STOP_GRACE_S, MIN_CARD_S = 15, 10   # between the card's SIGTERM and the budget's end; its least time
+STOP_GRACE_S = 15   # seconds between the card's SIGTERM and the budget's end
+MIN_CARD_S = 10     # the card's run gets at least this, even past the budget
 WINDOW = (("a-kernels", check_kernels), ("b-steps", window_steps), ("c-why", window_why),
           ("d-resume", check_resume), ("e-suite", check_tests), ("f-card", window_card))
 
@@ -497,8 +498,8 @@ def attempt(check, device, opts):
 
 
 def window(device, opts):
-    """Each part of WINDOW in order, its output to DIR/<part>.txt as it runs (and to the console), its
-    summary line appended to DIR/summary.txt; the subprocesses (d, e) run with the kernels on."""
+    """Each part of WINDOW in order, its output to DIR/<part>.txt as it runs (and to the console),
+    its summary line appended to DIR/summary.txt; the subprocesses (d, e) run with the kernels on."""
     os.makedirs(opts.out, exist_ok=True)
     opts.env, opts.deadline = {"MINATTN_KERNELS": "1"}, time.monotonic() + opts.budget
     opts.kernels_passed = False
@@ -525,20 +526,20 @@ def main(argv=None):
     ap.add_argument("--only", default=",".join(PARTS),
                     help=f"comma-separated parts of {list(PARTS)}")
     ap.add_argument("--steps", type=int, default=None,
-                    help="steps of the resume check (resumed at half; default 200, in the window 100)")
+                    help="steps of the resume check (resumed at half; 200, in the window 100)")
     ap.add_argument("--preset", default="paper", help="train.py preset of the resume check")
-    ap.add_argument("--window", action="store_true", help="the GPU window's parts (a)-(f), into --out DIR")
+    ap.add_argument("--window", action="store_true", help="the GPU window (a)-(f) into --out DIR")
     ap.add_argument("--out", help="--window: the directory of its files")
     ap.add_argument("--budget", type=float, default=480,
                     help="--window: seconds from its start to the end of the card's run (f)")
     ap.add_argument("--presets", default="paper,cpu", help="--window (b, c): NDR's presets")
     ap.add_argument("--batch", type=int, default=0, help="--window (b, c): another batch size")
     ap.add_argument("--rounds", type=int, default=5, help="--window (b): alternating rounds")
-    ap.add_argument("--min-time", type=float, default=0.5, help="--window (b, c): seconds per timing")
+    ap.add_argument("--min-time", type=float, default=0.5, help="--window (b, c): s per timing")
     ap.add_argument("--block", type=int, default=20,
                     help="--window (c): steps of the per-phase times and of the profile")
-    ap.add_argument("--card-run", help="--window (f): the card's run directory (default DIR/f-card-run); "
-                                       "one with a checkpoint is resumed")
+    ap.add_argument("--card-run", help="--window (f): the card's run directory (default "
+                                       "DIR/f-card-run); one with a checkpoint is resumed")
     ap.add_argument("train_args", nargs="*",
                     help="after --: more train.py arguments for the resume check and the card's run")
     opts = ap.parse_args(argv)
