@@ -127,7 +127,7 @@ def test_the_window_runs_every_part_on_the_cpu_one_file_each_and_a_later_window_
     assert gpucheck.main(["--window", "--out", str(tmp_path / "next"), "--card-run", str(out / "f-card-run"),
                           *WINDOW_SMALL, "--", *TINY]) == 0
     assert "resuming ctl / ndr" in capsys.readouterr().out
-    assert json.loads(open(out / "f-card-run" / "metrics.jsonl").readlines()[-1])["step"] > step
+    assert json.loads(open(tmp_path / "next" / "f-card-run" / "metrics.jsonl").readlines()[-1])["step"] > step
 
 
 def test_the_window_turns_the_kernels_on_for_the_card_only_if_they_passed(monkeypatch, tmp_path):

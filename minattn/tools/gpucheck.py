@@ -29,9 +29,10 @@ c. ``c-why.txt``: why: a batch-1 step (host work alone) on the device and on Num
    time of each phase (forward, backward, clip, optimizer); a profile of kernels-on training steps;
 d. ``d-resume.txt``: part 4 with the kernels on, 100 steps;
 e. ``e-suite.txt``: part 1 with the kernels on;
-f. ``f-card.txt``: the card's run, ``train.py --task ctl --model ndr --device gpu``, with the kernels
-   on if (a) passed, until ``--budget`` seconds from the start; then SIGTERM: train.py saves its
-   step, and a later window continues it (``--card-run DIR``).
+f. ``f-card.txt``: the card's run, ``train.py --task ctl --model ndr --device gpu`` into
+   DIR/f-card-run, with the kernels on if (a) passed, until ``--budget`` seconds from the start;
+   then SIGTERM: train.py saves its step, and a later window continues it (``--card-run`` that
+   directory).
 
 ``--device cpu`` runs every part on the CPU (tests/test_gpucheck.py, with smaller sizes).
 
@@ -47,6 +48,7 @@ import importlib.util
 import json
 import os
 import pstats
+import shutil
 import statistics
 import subprocess
 import sys
@@ -444,9 +446,12 @@ def window_why(device, opts):
 
 
 def window_card(device, opts):
-    """(f) The card's run, until the window's time is up: then SIGTERM, on which train.py saves its
-    step; with ``--card-run DIR`` holding a checkpoint, it is resumed."""
-    run_dir = opts.card_run or os.path.join(opts.out, "f-card-run")
+    """(f) The card's run in OUT/f-card-run, until the window's time is up: then SIGTERM, on which
+    train.py saves its step. ``--card-run DIR``: an earlier window's f-card-run, copied there first
+    and continued (--resume)."""
+    run_dir = os.path.join(opts.out, "f-card-run")
+    if opts.card_run and not os.path.exists(run_dir):
+        shutil.copytree(opts.card_run, run_dir)
     resume = os.path.exists(os.path.join(run_dir, "checkpoint.npz"))
     seconds = max(opts.deadline - time.monotonic() - STOP_GRACE_S, MIN_CARD_S)
     on = opts.kernels_passed
@@ -464,8 +469,8 @@ def window_card(device, opts):
     ckpt = load_checkpoint(os.path.join(run_dir, "checkpoint.npz"))
     return True, (f"stopped (SIGTERM) at step {ckpt['step']}, saved: "
                   f"{ckpt['train_time'] / max(ckpt['step'], 1) * 1e3:.1f} ms/step, last evaluation "
-                  f"{ckpt['history'][-1] if ckpt['history'] else None}; a later window continues it: "
-                  f"--card-run {run_dir}")
+                  f"{ckpt['history'][-1] if ckpt['history'] else None}; a later window continues it "
+                  f"with --card-run (this f-card-run)")
 
 
 STOP_GRACE_S = 15   # seconds between the card's SIGTERM and the budget's end
@@ -538,8 +543,7 @@ def main(argv=None):
     ap.add_argument("--min-time", type=float, default=0.5, help="--window (b, c): s per timing")
     ap.add_argument("--block", type=int, default=20,
                     help="--window (c): steps of the per-phase times and of the profile")
-    ap.add_argument("--card-run", help="--window (f): the card's run directory (default "
-                                       "DIR/f-card-run); one with a checkpoint is resumed")
+    ap.add_argument("--card-run", help="--window (f): an earlier window's f-card-run, to continue")
     ap.add_argument("train_args", nargs="*",
                     help="after --: more train.py arguments for the resume check and the card's run")
     opts = ap.parse_args(argv)
