@@ -1,7 +1,7 @@
 # minattn — `make test` and `make train` set up a virtual environment in .venv on first use, unless the
 # Python they would use already has what they need (PY, below).
 #   make demo                                   a model that learns in ~2-4 min on 2 CPU cores, and its pictures
-#   make test [DEVICE=gpu]                      the test suite (DEVICE=gpu: GPU cases must run, not skip)
+#   make test [DEVICE=gpu] [ARGS=...]           the test suite (DEVICE=gpu: GPU cases must run, not skip)
 #   make test-slow                              the slow training checks
 #   make golden                                 rewrite tests/golden/* after an intended change, then check them
 #   make mutation [ARGS="--only NAME"]          plant the mutant catalogue (tests/mutants.py) into a copy; not CI
@@ -96,8 +96,9 @@ demo: $(SETUP)
 	output step reads one input: one table at a time); docs/glossary.md says what each curve counts,its \
 	evaluations are the lines of $(DEMO)/metrics.jsonl; docs/glossary.md says what each number counts)"
 
+# ARGS: pytest's (files, -k ...)
 test: $(SETUP)
-	MINATTN_REQUIRE_GPU=$(if $(filter gpu,$(DEVICE)),1,0) $(PY) -m pytest -q
+	MINATTN_REQUIRE_GPU=$(if $(filter gpu,$(DEVICE)),1,0) $(PY) -m pytest -q $(ARGS)
 
 test-slow: $(SETUP)
 	$(PY) -m pytest -q -m slow
