@@ -1,5 +1,7 @@
 """`make gpu-check` (minattn.tools.gpucheck): what can be checked without a GPU — the resume comparison on the CPU,
-its power to find a difference, the one-line refusal without a GPU, and the Makefile wiring."""
+its power to find a difference, the one-line refusal without a GPU, the Makefile wiring, and the GPU window
+(`--window`) end to end on the CPU."""
+import json
 import os
 import subprocess
 import sys
@@ -53,9 +55,9 @@ def _make_n(*args):
 def test_make_gpu_check_with_a_given_python_builds_no_venv_and_the_venv_gets_cupy_with_ctk():
     p = _make_n("gpu-check", "PY=python3")
     assert p.returncode == 0 and p.stdout.split() == ["python3", "-m", "minattn.tools.gpucheck"]
-    p = _make_n("gpu-check")
+    p = _make_n("gpu-check", "PYTHON=false")               # a Python without CuPy: the venv gets it
     assert "install -q 'cupy-cuda12x[ctk]'" in p.stdout and "-m minattn.tools.gpucheck" in p.stdout
-    p = _make_n("venv", "DEVICE=gpu", "CUPY=cupy-cuda13x")
+    p = _make_n("venv", "DEVICE=gpu", "CUPY=cupy-cuda13x", "PYTHON=false")
     assert "uninstall -q -y cupy-cuda12x" in p.stdout and "install -q 'cupy-cuda13x[ctk]'" in p.stdout
 
 
@@ -92,3 +94,80 @@ def test_the_kernels_part_prints_a_line_per_kernel_and_names_the_one_that_differ
     assert gpucheck.main(["--device", "cpu", "--only", "kernels"]) == 1
     out = capsys.readouterr().out
     assert "kernels FAIL  2 kernel(s) differ from their definitions: geometric weights (Eq. 7), the" in out
+
+
+WINDOW_SMALL = ["--device", "cpu", "--presets", "cpu", "--batch", "8", "--rounds", "1", "--min-time", "0.01",
+                "--block", "2", "--steps", "4", "--preset", "cpu", "--budget", "1"]
+
+
+def test_the_window_runs_every_part_on_the_cpu_one_file_each_and_a_later_window_continues_the_card(
+        tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(gpucheck, "MIN_CARD_S", 8)          # the card's run: 8 s, then SIGTERM
+    out = tmp_path / "window"
+    assert gpucheck.main(["--window", "--out", str(out), *WINDOW_SMALL, "--", *TINY]) == 0
+    parts = [name for name, _ in gpucheck.WINDOW]
+    assert sorted(os.listdir(out)) == sorted([f"{p}.txt" for p in parts] + ["f-card-run", "summary.txt"])
+    text = {p: (out / f"{p}.txt").read_text() for p in parts}
+    for p in parts:
+        assert text[p].startswith(f"=== gpu window: {p} (")
+        assert text[p].splitlines()[-1].startswith(f"{p} PASS")
+    assert "7 kernel forms equal to their definitions" in text["a-kernels"]
+    assert all(f"  {what} " in text["b-steps"] for what in ("kernels off", "kernels on", "on/off"))
+    assert "device operations counted" in text["c-why"] and "batch-1 step" in text["c-why"]
+    assert all(what in text["c-why"] for what in ("host ms per phase", "optimizer", "cumtime"))
+    assert "$ MINATTN_KERNELS=1 " in text["d-resume"]                     # the kernels on
+    assert "4 steps straight == 2 + resume to 4" in text["d-resume"]
+    assert "MINATTN_KERNELS=1" in text["e-suite"] and "-m gpu" in text["e-suite"]
+    assert "stopped (SIGTERM) at step" in text["f-card"] and "--card-run" in text["f-card"]
+    assert (out / "summary.txt").read_text().count(" PASS ") == len(parts)
+    step = json.loads(open(out / "f-card-run" / "metrics.jsonl").readlines()[-1])["step"]
+    capsys.readouterr()
+    # the next window: only its card's run, which continues the first one's
+    monkeypatch.setattr(gpucheck, "WINDOW", gpucheck.WINDOW[-1:])
+    assert gpucheck.main(["--window", "--out", str(tmp_path / "next"), "--card-run", str(out / "f-card-run"),
+                          *WINDOW_SMALL, "--", *TINY]) == 0
+    assert "resuming ctl / ndr" in capsys.readouterr().out
+    assert json.loads(open(tmp_path / "next" / "f-card-run" / "metrics.jsonl").readlines()[-1])["step"] > step
+
+
+def test_the_window_turns_the_kernels_on_for_the_card_only_if_they_passed(monkeypatch, tmp_path):
+    seen = []
+    monkeypatch.setattr(gpucheck, "_run",
+                        lambda argv, env=None, stop_after=None: seen.append(env) or (1, ["?"]))
+    for kernels_ok in (True, False):
+        monkeypatch.setattr(gpucheck, "WINDOW", (("a-kernels", lambda device, opts: (kernels_ok, "")),
+                                                 ("f-card", gpucheck.window_card)))
+        assert gpucheck.main(["--window", "--out", str(tmp_path), "--device", "cpu"]) == 1
+    assert [env["MINATTN_KERNELS"] for env in seen] == ["1", "0"]
+
+
+def test_the_window_refuses_bad_flags_in_one_line(capsys):
+    for args in (["--window"], ["--window", "--out", "x", "--presets", "huge"], ["--rounds", "0"]):
+        assert gpucheck.main(["--device", "cpu", *args]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("error: ")
+
+
+def test_the_gpu_busy_time_is_the_step_s_own_time_behind_the_blocker():
+    """gpu_busy_ms on a stand-in device whose 'GPU' runs each call at once and whose events read the clock."""
+    import time
+
+    class Clock:
+        def record(self):
+            self.t = time.perf_counter()
+
+        def synchronize(self):
+            pass
+
+    class Device:
+        ones, empty_like = np.ones, np.empty_like
+        matmul = staticmethod(lambda a, b, out: time.sleep(0.001))      # the blocker: 1 ms a product
+
+        class cuda:
+            Event = Clock
+            get_elapsed_time = staticmethod(lambda start, end: (end.t - start.t) * 1e3)
+
+    busy, ahead = gpucheck.gpu_busy_ms(lambda: time.sleep(0.02), Device, host_ms=20, n=64)
+    assert 19 < busy < 60 and ahead          # ms, the step's own; the blocker lasted longer than its queueing
+    busy, ahead = gpucheck.gpu_busy_ms(lambda: time.sleep(0.02), Device, host_ms=0.001, n=64)
+    assert not ahead                         # a blocker shorter than the host's queueing is flagged

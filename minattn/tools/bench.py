@@ -20,7 +20,8 @@ from minattn import nn
 from minattn.engine import Tensor
 
 
-def _sync(xp):
+def wait(xp):
+    """Wait for the device's queued work (CuPy's null stream; nothing on NumPy)."""
     if xp is not np:
         xp.cuda.Stream.null.synchronize()
 
@@ -28,7 +29,7 @@ def _sync(xp):
 def timeit(fn, xp=np, repeat=5, min_time=0.2, sync=None):
     """Median seconds per call of ``fn`` over ``repeat`` batches of calls lasting ≥ min_time each.
     ``sync`` waits for the device (default: CuPy's null stream when ``xp`` is CuPy)."""
-    sync = sync or (lambda: _sync(xp))
+    sync = sync or (lambda: wait(xp))
     fn()
     sync()
     n, times = 1, []
@@ -46,17 +47,30 @@ def timeit(fn, xp=np, repeat=5, min_time=0.2, sync=None):
     return statistics.median(times)
 
 
-def train_step(model, opt, loss_fn, rng=None, clip=None):
-    """A closure that runs one training step: loss → backward → (clip) → optimizer update."""
+PHASES = ("forward", "backward", "clip", "optimizer")
+
+
+def train_step(model, opt, loss_fn, rng=None, clip=None, phases=None):
+    """A closure that runs one training step: loss → backward → (clip) → optimizer update. ``phases``:
+    a dict to which each step adds the host seconds of each of PHASES (no sync between them: on a
+    GPU this is the host's time, the GPU's work overlapping it)."""
     def step():
+        t = [time.perf_counter()]
         if rng is not None:
             model.set_rng(rng)
         loss = loss_fn()
+        t.append(time.perf_counter())
         opt.zero_grad()
         loss.backward()
+        t.append(time.perf_counter())
         if clip:
             optim.clip_grad_norm(model.parameters(), clip)
+        t.append(time.perf_counter())
         opt.step()
+        t.append(time.perf_counter())
+        if phases is not None:
+            for name, a, b in zip(PHASES, t, t[1:]):
+                phases[name] = phases.get(name, 0.0) + b - a
     return step
 
 
@@ -131,27 +145,35 @@ def encoder_flops(B, T, cfg, gated):
     return 3 * 2 * per_layer * cfg.n_steps
 
 
-def bench_ndr(device, repeat):
-    """NDR on CTL at the cpu preset: a training step on a batch of CTL-sized sequences, and
-    evaluation."""
-    from minattn.engine import eval_mode, no_grad
-    from minattn.models.encoder import Classifier
+def ndr_step(device, preset="cpu", batch=None, phases=None):
+    """NDR on CTL at a preset of its recipe (model, batch size, lr, weight decay, clipping as its runs
+    have them; ``batch`` another batch size), on a fixed random batch of T = 7 tokens (CTL's training
+    samples are 4–8 tokens with SOS/EOS; bucketing leaves little padding). Returns (the training
+    step's closure, the model, its inputs (ids, lengths, labels), the run's config)."""
     from minattn.lab.recipes import recipe_for
+    from minattn.models.encoder import Classifier
     xp = backend.get_xp(device)
-    run = recipe_for("ctl").config("ctl", "ndr", "cpu")
-    cfg = run.model_config
-    # CTL training samples are 4–8 tokens with SOS/EOS; bucketing leaves little padding
-    B, T = run.batch_size, 7
-    model = Classifier("ndr", 19, 8, cfg).to(device)
+    run = recipe_for("ctl").config("ctl", "ndr", preset)
+    B, T = batch or run.batch_size, 7
+    model = Classifier("ndr", 19, 8, run.model_config).to(device)
     rng = np.random.default_rng(0)
     x = xp.asarray(rng.integers(0, 19, (B, T)))
     lengths = xp.full(B, T)
     y = xp.asarray(rng.integers(0, 8, B))
     opt = optim.AdamW(model.parameters(), lr=run.lr, weight_decay=run.weight_decay)
-    run_rng = backend.RNG(0, device)
+    step = train_step(model, opt, lambda: F.cross_entropy(model(x, lengths), y), backend.RNG(0, device),
+                      clip=run.grad_clip, phases=phases)
+    return step, model, (x, lengths, y), run
 
-    step = train_step(model, opt, lambda: F.cross_entropy(model(x, lengths), y), run_rng,
-                      clip=run.grad_clip)
+
+def bench_ndr(device, repeat):
+    """NDR on CTL at the cpu preset: a training step on a batch of CTL-sized sequences, and
+    evaluation."""
+    from minattn.engine import eval_mode, no_grad
+    xp = backend.get_xp(device)
+    step, model, (x, lengths, _), run = ndr_step(device)
+    cfg = run.model_config
+    B, T = x.shape
 
     def evaluate():
         with no_grad(), eval_mode():
@@ -265,7 +287,7 @@ def peak_step_memory(step, device):
     before = pool.used_bytes()
     pool.free_all_blocks()
     step()
-    _sync(xp)
+    wait(xp)
     return pool.total_bytes() - before
 
 

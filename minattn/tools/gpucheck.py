@@ -17,42 +17,78 @@ It runs, printing their output as they go, and then one summary line for each:
    ``tests/test_torch_twin.py`` has checked that the two compute the same logits and gradients. Without
    torch it passes as "skipped" (torch is no dependency of minattn).
 
+``--window --out DIR`` is instead the one call for a lent GPU (docs/gpu.md): what the decision on
+the kernels needs, in that order, in about 8 minutes, each part written to its own file in DIR as it
+finishes (and its summary line to DIR/summary.txt):
+
+a. ``a-kernels.txt``: the kernels against their definitions (part 2 above);
+b. ``b-steps.txt``: NDR's training step with the kernels off, on, and in PyTorch eager (the twin),
+   alternating in one process, at the paper and cpu presets;
+c. ``c-why.txt``: why: a batch-1 step (host work alone) on the device and on NumPy, which splits
+   host time into minattn's Python and CuPy's cost per call; the GPU's busy time per step; the host
+   time of each phase (forward, backward, clip, optimizer); a profile of kernels-on training steps;
+d. ``d-resume.txt``: part 4 with the kernels on, 100 steps;
+e. ``e-suite.txt``: part 1 with the kernels on;
+f. ``f-card.txt``: the card's run, ``train.py --task ctl --model ndr --device gpu`` into
+   DIR/f-card-run, with the kernels on if (a) passed, until ``--budget`` seconds from the start;
+   then SIGTERM: train.py saves its step, and a later window continues it (``--card-run`` that
+   directory).
+
+``--device cpu`` runs every part on the CPU (tests/test_gpucheck.py, with smaller sizes).
+
 It needs a Python with numpy, cupy, tqdm and pytest and nothing else (no venv, no network): ``make
-gpu-check PY=python3``. It runs ``train.py`` from the repository this package sits in. Arguments
-after ``--`` go to every train.py run (the tests use that for a tiny model on the CPU). Exit status:
-0 when every part passed, 1 when one failed, 2 when the device cannot be used at all.
+gpu-check`` uses such a Python as it is. It runs ``train.py`` from the repository this package sits
+in. Arguments after ``--`` go to every train.py run (the tests use that for a tiny model on the
+CPU). Exit status: 0 when every part passed, 1 when one failed, 2 when the device cannot be used.
 """
 import argparse
+import contextlib
+import cProfile
+import importlib.util
 import json
 import os
+import pstats
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
 
 from minattn import backend
 
+from . import bench
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PARTS = ("tests", "kernels", "bench", "resume", "torch")
 
 
-def _run(argv, env=None):
-    """Run a command, echoing its output; returns (exit status, output lines)."""
-    print("$ " + " ".join(argv), flush=True)
+def _run(argv, env=None, stop_after=None):
+    """Run a command, echoing its output; returns (exit status, output lines). ``stop_after``:
+    seconds after which it gets SIGTERM (and SIGKILL a minute later)."""
+    print("$ " + " ".join([*(f"{k}={v}" for k, v in (env or {}).items()), *argv]), flush=True)
     p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          env=dict(os.environ, **(env or {})))
+    timers = [] if stop_after is None else [threading.Timer(stop_after, p.terminate),
+                                            threading.Timer(stop_after + 60, p.kill)]
+    for timer in timers:
+        timer.start()
     lines = []
     for line in p.stdout:
         print(line, end="", flush=True)
         lines.append(line.rstrip("\n"))
-    return p.wait(), lines
+    code = p.wait()
+    for timer in timers:
+        timer.cancel()
+    return code, lines
 
 
-def check_tests(device, _):
+def check_tests(device, opts):
     code, lines = _run([sys.executable, "-m", "pytest", "-q", "-m", "gpu"],
-                       env={"MINATTN_REQUIRE_GPU": "1" if device == "gpu" else "0"})
+                       env={"MINATTN_REQUIRE_GPU": "1" if device == "gpu" else "0", **opts.env})
     return code == 0, (lines[-1].strip("= ") if lines else "no output")
 
 
@@ -91,7 +127,7 @@ def check_resume(device, opts):
         for argv in ([*base, "--steps", str(steps), "--out", straight],
                      [*base, "--steps", str(half), "--out", split],
                      [*base, "--steps", str(steps), "--out", split, "--resume"]):
-            code, lines = _run(argv)
+            code, lines = _run(argv, opts.env)
             if code != 0:
                 return False, f"train.py exited {code}: {lines[-1] if lines else ''}"
         a, b = checkpoint_arrays(straight), checkpoint_arrays(split)
@@ -266,21 +302,266 @@ CHECKS = {"tests": check_tests, "bench": check_bench, "resume": check_resume, "t
           "kernels": check_kernels}
 
 
+# --- the GPU window (--window): one call, its parts in the order the decision needs them ---------
+
+def have_torch():
+    return importlib.util.find_spec("torch") is not None
+
+
+def window_steps(device, opts):
+    """(b) NDR's training step with the kernels off, on, and in PyTorch eager (the twin), in one
+    process: ``--rounds`` rounds, the order reversed every other round, each round a
+    ``bench.timeit`` block of at least ``--min-time`` seconds per variant; the median of each and
+    the ratios."""
+    from minattn.fast import kernels
+    from .torch_twin import twin_step
+    xp, found = backend.get_xp(device), []
+    if not have_torch():
+        print("torch eager: skipped (PyTorch is not installed)")
+    for preset in opts.presets.split(","):
+        variants = {}   # name -> (step, sync, kernels on)
+        for name, on in (("kernels off", False), ("kernels on", True)):
+            step, _, inputs, run = bench.ndr_step(device, preset, opts.batch)
+            variants[name] = step, None, on
+        try:            # a twin that cannot run costs its column, not the kernels' numbers
+            if have_torch():
+                torch_step, torch_sync = twin_step(run, inputs, device)
+                torch_step()
+                variants["torch eager"] = torch_step, torch_sync, False
+        except Exception as e:
+            print(f"torch eager: skipped ({e.__class__.__name__}: {e})")
+        times, order = {name: [] for name in variants}, list(variants)
+        for r in range(opts.rounds):
+            for name in order if r % 2 == 0 else order[::-1]:
+                step, sync, on = variants[name]
+                with kernels.switched(on):
+                    times[name].append(bench.timeit(step, xp, 1, opts.min_time, sync) * 1e3)
+        ms = {name: statistics.median(t) for name, t in times.items()}
+        B, T = inputs[0].shape
+        print(f"{preset} preset, batch {B}×{T}, {opts.rounds} alternating rounds, ms per step:")
+        for name, t in times.items():
+            print(f"  {name:12s} {ms[name]:8.2f}   rounds {' '.join(f'{x:.2f}' for x in t)}")
+        ratios = {"on/off": ms["kernels on"] / ms["kernels off"]}
+        if "torch eager" in ms:
+            ratios.update({"on/torch": ms["kernels on"] / ms["torch eager"],
+                           "off/torch": ms["kernels off"] / ms["torch eager"]})
+        print("  " + "   ".join(f"{k} {v:.3f}" for k, v in ratios.items()), flush=True)
+        found.append(f"{preset}: " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items()))
+    return True, "; ".join(found)
+
+
+def count_launches(kernels_on):
+    """Device operations per NDR training step (the counting device, minattn/tools/counting.py; on
+    the annex's path, as on CuPy)."""
+    from minattn.engine import plain
+    from minattn.fast import kernels
+    from . import counting
+    with plain(False), kernels.switched(kernels_on):
+        return sum(counting.count_step(*counting.ndr_ctl_step())[0].values())
+
+
+def gpu_busy_ms(step, xp, host_ms, n=4096):
+    """(GPU ms of one step's work, whether the host had queued all of it before the GPU reached it):
+    float32 matmuls that last about twice the step's host time run first, and CUDA events time what
+    follows them, so the GPU never waits for the host and the time is its own."""
+    a = xp.ones((n, n), np.float32)
+    out = xp.empty_like(a)
+    start, mid, end = (xp.cuda.Event() for _ in range(3))
+    start.record()
+    xp.matmul(a, a, out=out)
+    mid.record()
+    mid.synchronize()
+    one = xp.cuda.get_elapsed_time(start, mid)
+    start.record()
+    for _ in range(int(2 * host_ms / one) + 1):
+        xp.matmul(a, a, out=out)
+    mid.record()
+    t0 = time.perf_counter()
+    step()
+    queued = (time.perf_counter() - t0) * 1e3
+    end.record()
+    end.synchronize()
+    return xp.cuda.get_elapsed_time(mid, end), queued < xp.cuda.get_elapsed_time(start, mid)
+
+
+def _steps(step, n, xp):
+    for _ in range(n):
+        step()
+    bench.wait(xp)
+
+
+def window_why(device, opts):
+    """(c) Why: host time = minattn's Python (P) + n device operations × CuPy's cost per call (c);
+    the host time of each phase; a profile of kernels-on training steps; the GPU's busy time (last:
+    the one measurement only a GPU runs)."""
+    from minattn.engine import plain
+    from minattn.fast import kernels
+    xp, presets = backend.get_xp(device), opts.presets.split(",")
+    print("1. host work alone: a batch-1 step (cpu preset; the GPU's work negligible) on the device "
+          "and on NumPy (the annex's path, as on CuPy; there the kernels run their definitions)")
+    n = {on: count_launches(on) for on in (False, True)}
+    ms = {}
+    for dev in dict.fromkeys((device, "cpu")):
+        for on in (False, True):
+            with plain(False), kernels.switched(on):
+                step = bench.ndr_step(dev, "cpu", 1)[0]
+                ms[dev, on] = bench.timeit(step, backend.get_xp(dev), 3, opts.min_time) * 1e3
+            print(f"   {dev} kernels {'on ' if on else 'off'}: {ms[dev, on]:7.2f} ms/step, "
+                  f"{n[on]} device operations counted")
+    found = [f"batch 1: {device} {ms[device, False]:.1f}/{ms[device, True]:.1f} ms (kernels off/on)"]
+    if device != "cpu":
+        c = {on: (ms[device, on] - ms["cpu", on]) / n[on] * 1e3 for on in (False, True)}
+        print(f"   P ≤ the NumPy time (minattn's Python + NumPy's calls); c ≈ (device − NumPy) / "
+              f"n: {c[False]:.1f} µs per call (kernels off), {c[True]:.1f} µs (on)")
+        found.append(f"NumPy {ms['cpu', False]:.1f}/{ms['cpu', True]:.1f} ms, "
+                     f"c ≈ {c[False]:.1f}/{c[True]:.1f} µs per call")
+    print("2. host ms per phase (no sync between phases: what the host spends)")
+    for preset in presets:
+        for on in (False, True):
+            phases = {}
+            with kernels.switched(on):
+                step = bench.ndr_step(device, preset, opts.batch, phases)[0]
+                _steps(step, 2, xp)
+                phases.clear()
+                _steps(step, opts.block, xp)
+            print(f"   {preset} kernels {'on ' if on else 'off'}: " + "  ".join(
+                f"{k} {v / opts.block * 1e3:7.2f}" for k, v in phases.items()))
+    print(f"3. cProfile of {opts.block} training steps, kernels on ({presets[0]} preset), by own time")
+    with kernels.switched(True):
+        step = bench.ndr_step(device, presets[0], opts.batch)[0]
+        _steps(step, 2, xp)
+        profile = cProfile.Profile()
+        profile.enable()
+        _steps(step, opts.block, xp)
+        profile.disable()
+    pstats.Stats(profile, stream=sys.stdout).sort_stats("tottime").print_stats(45)
+    print("4. the GPU's busy time per step (its work queued behind a blocker, CUDA events)")
+    if device == "cpu":
+        print("   skipped: no GPU")
+    for preset, on in [(p, on) for p in presets for on in (False, True)] * (device != "cpu"):
+        with kernels.switched(on):
+            step = bench.ndr_step(device, preset, opts.batch)[0]
+            host = bench.timeit(step, xp, 1, opts.min_time) * 1e3
+            busy = [gpu_busy_ms(step, xp, host) for _ in range(3)]
+        gpu = statistics.median(b for b, _ in busy)
+        print(f"   {preset} kernels {'on ' if on else 'off'}: GPU {gpu:7.2f} ms of the step's "
+              f"{host:7.2f} ms" + ("" if all(q for _, q in busy) else
+                                   "  (the host was not ahead of the GPU: an upper bound)"))
+    return True, "; ".join(found)
+
+
+def window_card(device, opts):
+    """(f) The card's run in OUT/f-card-run, until the window's time is up: then SIGTERM, on which
+    train.py saves its step. ``--card-run DIR``: an earlier window's f-card-run, copied there first
+    and continued (--resume)."""
+    run_dir = os.path.join(opts.out, "f-card-run")
+    if opts.card_run and not os.path.exists(run_dir):
+        shutil.copytree(opts.card_run, run_dir)
+    resume = os.path.exists(os.path.join(run_dir, "checkpoint.npz"))
+    seconds = max(opts.deadline - time.monotonic() - STOP_GRACE_S, MIN_CARD_S)
+    on = opts.kernels_passed
+    print(f"kernels {'on' if on else 'off'}; SIGTERM in {seconds:.0f} s", flush=True)
+    code, lines = _run([sys.executable, "train.py", "--task", "ctl", "--model", "ndr", "--device",
+                        device, "--no-progress", "--out", run_dir, *(["--resume"] if resume else []),
+                        *opts.train_args], env={"MINATTN_KERNELS": str(int(on))}, stop_after=seconds)
+    if code == 0:
+        with open(os.path.join(run_dir, "results.json")) as f:
+            r = json.load(f)
+        return True, f"finished: {r['steps']} steps, {r['ms_per_step']} ms/step, {r['metrics']}"
+    if code != 143 or not os.path.exists(os.path.join(run_dir, "checkpoint.npz")):
+        return False, f"train.py exited {code}: {lines[-1] if lines else ''}"
+    from minattn.lab.rundir import load_checkpoint
+    ckpt = load_checkpoint(os.path.join(run_dir, "checkpoint.npz"))
+    return True, (f"stopped (SIGTERM) at step {ckpt['step']}, saved: "
+                  f"{ckpt['train_time'] / max(ckpt['step'], 1) * 1e3:.1f} ms/step, last evaluation "
+                  f"{ckpt['history'][-1] if ckpt['history'] else None}; a later window continues it "
+                  f"with --card-run (this f-card-run)")
+
+
+STOP_GRACE_S = 15   # seconds between the card's SIGTERM and the budget's end
+MIN_CARD_S = 10     # the card's run gets at least this, even past the budget
+WINDOW = (("a-kernels", check_kernels), ("b-steps", window_steps), ("c-why", window_why),
+          ("d-resume", check_resume), ("e-suite", check_tests), ("f-card", window_card))
+
+
+class _Tee:
+    """stdout to the console and a part's file."""
+
+    def __init__(self, *streams):
+        self.streams = streams
+
+    def write(self, text):
+        for stream in self.streams:
+            stream.write(text)
+        return len(text)
+
+    def flush(self):
+        for stream in self.streams:
+            stream.flush()
+
+
+def attempt(check, device, opts):
+    try:
+        return check(device, opts)
+    except Exception as e:   # keep going: the summary reports it
+        return False, f"{e.__class__.__name__}: {e}"
+
+
+def window(device, opts):
+    """Each part of WINDOW in order, its output to DIR/<part>.txt as it runs (and to the console),
+    its summary line appended to DIR/summary.txt; the subprocesses (d, e) run with the kernels on."""
+    os.makedirs(opts.out, exist_ok=True)
+    opts.env, opts.deadline = {"MINATTN_KERNELS": "1"}, time.monotonic() + opts.budget
+    opts.kernels_passed = False
+    summary, t0 = [], time.monotonic()
+    for name, check in WINDOW:
+        with open(os.path.join(opts.out, name + ".txt"), "w") as f, \
+                contextlib.redirect_stdout(_Tee(sys.stdout, f)):
+            print(f"=== gpu window: {name} ({time.monotonic() - t0:.0f} s in; device {device}) ===",
+                  flush=True)
+            ok, detail = attempt(check, device, opts)
+            print(f"{name} {'PASS' if ok else 'FAIL'}  {detail}")
+        if name == "a-kernels":
+            opts.kernels_passed = ok      # the card's run (f) turns them on only then
+        summary.append((name, ok, detail))
+        with open(os.path.join(opts.out, "summary.txt"), "a") as f:
+            f.write(f"{name:9s} {'PASS' if ok else 'FAIL'}  {detail}\n")
+    return summary
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="gpu", help="gpu (cpu only to test this check itself)")
     ap.add_argument("--only", default=",".join(PARTS),
                     help=f"comma-separated parts of {list(PARTS)}")
-    ap.add_argument("--steps", type=int, default=200,
-                    help="steps of the resume check (resumed at half)")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="steps of the resume check (resumed at half; 200, in the window 100)")
     ap.add_argument("--preset", default="paper", help="train.py preset of the resume check")
+    ap.add_argument("--window", action="store_true", help="the GPU window (a)-(f) into --out DIR")
+    ap.add_argument("--out", help="--window: the directory of its files")
+    ap.add_argument("--budget", type=float, default=480,
+                    help="--window: seconds from its start to the end of the card's run (f)")
+    ap.add_argument("--presets", default="paper,cpu", help="--window (b, c): NDR's presets")
+    ap.add_argument("--batch", type=int, default=0, help="--window (b, c): another batch size")
+    ap.add_argument("--rounds", type=int, default=5, help="--window (b): alternating rounds")
+    ap.add_argument("--min-time", type=float, default=0.5, help="--window (b, c): s per timing")
+    ap.add_argument("--block", type=int, default=20,
+                    help="--window (c): steps of the per-phase times and of the profile")
+    ap.add_argument("--card-run", help="--window (f): an earlier window's f-card-run, to continue")
     ap.add_argument("train_args", nargs="*",
-                    help="after --: more train.py arguments for the resume check")
+                    help="after --: more train.py arguments for the resume check and the card's run")
     opts = ap.parse_args(argv)
-    parts = opts.only.split(",")
-    if set(parts) - set(PARTS) or opts.steps < 2:
-        print(f"error: --only takes {', '.join(PARTS)} and --steps at least 2", file=sys.stderr)
+    opts.env, parts = {}, opts.only.split(",")
+    opts.steps = opts.steps or (100 if opts.window else 200)
+    problem = (f"--only takes {', '.join(PARTS)}" if set(parts) - set(PARTS) else
+               "--steps takes at least 2" if opts.steps < 2 else
+               "--window needs --out DIR" if opts.window and not opts.out else
+               "--presets takes paper, cpu" if set(opts.presets.split(",")) - {"paper", "cpu"} else
+               "--rounds, --min-time and --block take positive numbers"
+               if min(opts.rounds, opts.min_time, opts.block, opts.batch + 1) <= 0 else None)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     if not os.path.exists(os.path.join(ROOT, "train.py")):
         print(f"error: gpucheck runs train.py from the repository, and {ROOT} has none: run it in "
@@ -292,21 +573,22 @@ def main(argv=None):
     except backend.DeviceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    summary, t0 = [], time.perf_counter()
-    for name in parts:
-        print(f"\n=== gpu-check: {name} ===", flush=True)
-        try:
-            ok, detail = CHECKS[name](opts.device, opts)
-        except Exception as e:   # keep going: the summary reports it
-            ok, detail = False, f"{e.__class__.__name__}: {e}"
-        summary.append((name, ok, detail))
+    t0 = time.perf_counter()
+    if opts.window:
+        summary = window(opts.device, opts)
+    else:
+        summary = []
+        for name in parts:
+            print(f"\n=== gpu-check: {name} ===", flush=True)
+            summary.append((name, *attempt(CHECKS[name], opts.device, opts)))
     print(f"\n=== gpu-check summary (device {opts.device}, {time.perf_counter() - t0:.0f} s) ===")
     for name, ok, detail in summary:
-        print(f"{name:7s} {'PASS' if ok else 'FAIL'}  {detail}")
+        print(f"{name:{9 if opts.window else 7}s} {'PASS' if ok else 'FAIL'}  {detail}")
     passed = all(ok for _, ok, _ in summary)
     print("gpu-check: " + ("all passed" if passed else "FAILED"))
     return 0 if passed else 1
 
 
 if __name__ == "__main__":
+    backend.keep_freed_memory()  # as train.py and bench do, so the window's NumPy times are theirs
     sys.exit(main())

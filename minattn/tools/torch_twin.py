@@ -16,18 +16,16 @@ import sys
 
 import numpy as np
 
-from minattn import backend, optim
+from minattn import backend
 from minattn import functional as F
 from minattn.attention.geometric import constants
-from minattn.lab.recipes import recipe_for
 from minattn.models.encoder import Classifier
 
-from .bench import timeit, train_step
+from .bench import ndr_step, timeit
 
-# one training step of NDR on CTL at a preset of its recipe (model, batch, lr, weight decay,
-# clipping as the runs have them); T = 7: CTL's training sequences are 4–8 tokens with SOS and EOS,
-# bucketed.
-PRESETS, T = ("paper", "cpu"), 7
+# one training step of NDR on CTL at a preset of its recipe (bench.ndr_step: model, batch, lr, weight
+# decay, clipping as the runs have them)
+PRESETS = ("paper", "cpu")
 
 
 def _torch():
@@ -140,36 +138,35 @@ def build_twin(torch):
     return TorchNDR
 
 
-def compare(preset="paper", device="cpu", repeat=5):
-    """ms per training step of minattn's NDR and of its torch twin, same shapes, same device, one
-    process."""
+def twin_step(run, inputs, device="cpu"):
+    """The torch twin's training step on the same batch as minattn's (``inputs``: ids, lengths,
+    labels, from ``bench.ndr_step``), and the wait for its device: (step, sync)."""
     torch = _torch()
-    run = recipe_for("ctl").config("ctl", "ndr", preset)
-    cfg, B = run.model_config, run.batch_size
-    xp = backend.get_xp(device)
     tdev = "cuda" if device == "gpu" else "cpu"
-    rng = np.random.default_rng(0)
-    ids, y = rng.integers(0, 19, (B, T)), rng.integers(0, 8, B)
-
-    model = Classifier("ndr", 19, 8, cfg).to(device)
-    x_, len_, y_ = xp.asarray(ids), xp.full(B, T), xp.asarray(y)
-    opt = optim.AdamW(model.parameters(), lr=run.lr, weight_decay=run.weight_decay)
-    loss = lambda: F.cross_entropy(model(x_, len_), y_)  # noqa: E731
-    step = train_step(model, opt, loss, backend.RNG(0, device), run.grad_clip)
-    t_minattn = timeit(step, xp, repeat, min_time=1.0)
-
+    if tdev == "cpu":
+        torch.set_num_threads(1)     # as minattn's one BLAS thread
+    cfg = run.model_config
     twin = build_twin(torch)(19, 8, cfg).load(Classifier("ndr", 19, 8, cfg)).to(tdev)
-    tx, tlen, ty = (torch.as_tensor(a, device=tdev) for a in (ids, np.full(B, T), y))
+    tx, tlen, ty = (torch.as_tensor(backend.to_numpy(a), device=tdev) for a in inputs)
     topt = torch.optim.AdamW(twin.parameters(), lr=run.lr, weight_decay=run.weight_decay)
 
-    def torch_step():
+    def step():
         loss = torch.nn.functional.cross_entropy(twin(tx, tlen), ty)
         topt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(twin.parameters(), run.grad_clip)
         topt.step()
+    return step, (torch.cuda.synchronize if tdev == "cuda" else (lambda: None))
 
-    sync = torch.cuda.synchronize if tdev == "cuda" else None
+
+def compare(preset="paper", device="cpu", repeat=5):
+    """ms per training step of minattn's NDR and of its torch twin, same shapes, same device, one
+    process."""
+    torch = _torch()
+    step, _, inputs, run = ndr_step(device, preset)
+    cfg, (B, T) = run.model_config, inputs[0].shape
+    t_minattn = timeit(step, backend.get_xp(device), repeat, min_time=1.0)
+    torch_step, sync = twin_step(run, inputs, device)
     t_torch = timeit(torch_step, np, repeat, min_time=1.0, sync=sync)
     print(f"NDR on CTL, {preset} preset (d {cfg.d_model}, d_ff {cfg.d_ff}, {cfg.n_head} head, "
           f"{cfg.n_steps} steps), batch {B}×{T}, one training step (forward, backward, clip, "
