@@ -253,7 +253,7 @@ def checkpoint(run, running=False):
     save_checkpoint(os.path.join(run.out_dir, CHECKPOINT),
                     {"identity": identity(cfg), "config": dataclasses.asdict(cfg), "step": run.step,
                      "best": run.best, "last": run.last, "train_time": run.train_time,
-                     "history": run.history, **path_flags(cfg.device)},   # the path: see settings.resume_check
+                     "history": run.history, **path_flags(cfg.device)},   # see settings.resume_check
                     run.model.state_dict(), run.opt.state_dict(), run.selected,
                     run.sums.astuple() if running else None)
 

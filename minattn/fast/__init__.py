@@ -6,22 +6,22 @@ CPU (NumPy arrays), where people read and debug, the annex's registered form on 
 where speed is the point. ``MINATTN_PLAIN=1`` or ``0`` (``engine.plain(on)``) forces either path
 everywhere. This is the one inventory:
 
-    site (file: function)                 plain form                 fast form               file
-    engine.py: Tensor.backward            Accumulation               GroupedAccumulation     accumulate.py
-    ops/matmul.py: matmul, linear         MatMul, Linear             GroupedMatMul, ..Linear grouped.py
-    ops/fused.py: layer_norm              LayerNorm                  GroupedLayerNorm        grouped.py
-    ops/indexing.py: getitem, SplitHeads  GetItem                    SlicingGetItem          slices.py
-    optim.py: Optimizer.step              Optimizer.update_each      update_flat             flat.py
-    optim.py: clip_grad_norm              clip_grad_norm_each        clip_grad_norm_flat     flat.py
-    nn.py: Module.repeated                applied_each_time          applied_together        shared_layer.py
-    attention/geometric.py:               geometric_weights          fused_geometric_weights geometric.py
-      geometric_attention_weights           (composed, Eq. 7)          (GeometricWeights)
-    attention/geometric.py:               directional_logits         fused_directional_logits geometric.py
-      GeometricAttention.forward            (composed, Eqs. 9–10)      (DirectionalLogits)
-    nn.py: Module.__call__                CopyGateLayer.forward      copy_gate_forward       kernels_layer.py
-    fast/geometric.py (GPU tier)          GeometricWeights,          ..Kernel (each)         kernels_geometric.py
-                                          DirectionalLogits
-    ops/fused.py (GPU tier)               LayerNorm                  LayerNormKernel         kernels_layer.py
+    site (file: function)                plain form              fast form                file
+    engine.py: Tensor.backward           Accumulation            GroupedAccumulation      accumulate.py
+    ops/matmul.py: matmul, linear        MatMul, Linear          GroupedMatMul, ..Linear  grouped.py
+    ops/fused.py: layer_norm             LayerNorm               GroupedLayerNorm         grouped.py
+    ops/indexing.py: getitem, SplitHeads GetItem                 SlicingGetItem           slices.py
+    optim.py: Optimizer.step             Optimizer.update_each   update_flat              flat.py
+    optim.py: clip_grad_norm             clip_grad_norm_each     clip_grad_norm_flat      flat.py
+    nn.py: Module.repeated               applied_each_time       applied_together         shared_layer.py
+    attention/geometric.py:              geometric_weights       fused_geometric_weights  geometric.py
+      geometric_attention_weights          (Eq. 7, composed)       (GeometricWeights)
+    attention/geometric.py:              directional_logits      fused_directional_logits geometric.py
+      GeometricAttention.forward           (Eqs. 9–10, composed)   (DirectionalLogits)
+    nn.py: Module.__call__               CopyGateLayer.forward   copy_gate_forward        kernels_layer.py
+    fast/geometric.py (GPU tier)         GeometricWeights,       ..Kernel (each)          kernels_geometric.py
+                                         DirectionalLogits
+    ops/fused.py (GPU tier)              LayerNorm               LayerNormKernel          kernels_layer.py
 
 The GPU tier (the last three rows; ``kernels*.py``: CUDA kernels beside their NumPy definitions) is
 off unless MINATTN_KERNELS=1, and then runs only on CuPy float32 data; where it replaces a grouped
