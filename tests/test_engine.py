@@ -207,7 +207,6 @@ def test_fused_ops_match_their_composed_forms(name, fused, composed, shapes):
 def test_the_device_picks_the_path_and_plain_forces_it():
     """On NumPy the seam gives the plain forms, elsewhere (the strict device) the annex's; plain(on) forces
     either. The normalising ops are one primitive op on every path."""
-    from tests import strict  # noqa: F401  (registers the strict device)
     x = Tensor(np.zeros((2, 3)), requires_grad=True)
     on_strict = Tensor(backend.to_device(np.zeros((2, 3)), "strict"))
     assert faster(ops.LayerNorm, x) is ops.LayerNorm and faster(ops.GetItem, x) is ops.GetItem
