@@ -12,7 +12,7 @@ Graph lifetime: a Function holds its inputs strongly and its output not at all, 
 reference cycles; a Tensor keeps its creator until backward has passed through it.
 
 Read top to bottom: modes, ``sum_to``, ``Tensor`` and its ``backward``, ``topological_order``,
-``Accumulation``, ``Function``, the seam to the speed annex (minattn/fast/: ``faster(plain_form)``),
+``Accumulation``, ``Function``, the seam to the speed annex (minattn/fast/: ``is_plain``, ``faster``),
 and last the operators (``+``, ``@``, ``.sum()``...), attached to ``Tensor`` in one block.
 
 Which path runs is decided per device, from the data: on the CPU (NumPy arrays), where people read
