@@ -216,7 +216,7 @@ def kernel_cases():
 
     return [("directional logits (Eqs. 9-10)", logits), ("geometric weights (Eq. 7)", weights),
             ("layer norm", layer_norm),
-            ("the NDR copy-gate layer (residual norm, ReLU, copy gate)", layer)]
+            ("the NDR copy-gate layer (3 kernels)", layer)]
 
 
 def check_kernels(device, _):
