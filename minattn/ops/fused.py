@@ -3,7 +3,7 @@ softmax, log_softmax, cross-entropy and layer norm.
 
 Each is one node, on every path: the max-subtraction that keeps exp finite and the fully masked row
 (all −inf, zeros out, not NaN) are handled in one place, for numerical stability, and the graph is a
-few arrays instead of a dozen nodes (design.md §2 names exactly these). The composed form
+few arrays instead of a dozen nodes (the design guide names exactly these). The composed form
 (``*_composed``) is the definition, written with ops so the engine derives its gradient; the tests
 check that both agree and gradient-check both. Only layer norm has a faster form in the annex
 (``faster(LayerNorm, x)``: fast/grouped.py, and the GPU tier's kernel).
