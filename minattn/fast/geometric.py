@@ -11,8 +11,8 @@ that.
   ∂L/∂m_ik is the sum of g over the keys scanned from k on, and ∂m/∂z = −σ(z) = −exp(ℓ). Masked keys
   get z = F.MASKED: σ = 0, m = 0, A = 0, and a gradient of exactly 0 with no mask in the backward.
 * ``DirectionalLogits``, Eqs. 9–10 as one op. Off NumPy the NDR encoder's 14 applications give α and
-  β 14 gradients each, Σ gz ⊙ qk and Σ gbs ⊙ s: they go to the engine unevaluated (``ProductSum``,
-  fast/grouped.py), which sums all 14 in one product of stacked inputs.
+  β 14 gradients each, Σ gz ⊙ qk and Σ gbs ⊙ s: ``GroupedDirectionalLogits`` hands them to the engine
+  unevaluated (``ProductSum``, fast/grouped.py), which sums all 14 in one product of stacked inputs.
 
 Each is registered for its textbook form; the GPU tier (kernels_geometric.py) registers a kernel for
 each op here.
@@ -95,14 +95,25 @@ class DirectionalLogits(Function):
         bs = s * beta + gamma
         return alpha * qk + backend.array_module(qk).where(self.right, bs[..., 1:], bs[..., :1])
 
+    def side_sums(self, gz):
+        """(B, H, T, 2): Σ_j of gz over each side of the query."""
+        return (gz[..., None, :] * self.sides).sum(axis=-1)
+
     def backward(self, gz):
-        # (B, H, T, 2): Σ_j over each side
-        gbs = (gz[..., None, :] * self.sides).sum(axis=-1)
-        if _grouped(gz):    # off NumPy: α's and β's gradients deferred (header)
-            return (gz * self.alpha, gbs * self.beta, ProductSum(gz, self.qk, self.alpha.shape),
-                    ProductSum(gbs, self.s, self.beta.shape), gbs)
+        gbs = self.side_sums(gz)
         # α, β, γ get their gradients unreduced: the engine sums them to shape (1,)
         return gz * self.alpha, gbs * self.beta, gz * self.qk, gbs * self.s, gbs
+
+
+class GroupedDirectionalLogits(DirectionalLogits):
+    """Off NumPy, α's and β's gradients go to the engine's accumulation as deferred products (header)."""
+
+    def backward(self, gz):
+        if not _grouped(gz):
+            return super().backward(gz)
+        gbs = self.side_sums(gz)
+        return (gz * self.alpha, gbs * self.beta, ProductSum(gz, self.qk, self.alpha.shape),
+                ProductSum(gbs, self.s, self.beta.shape), gbs)
 
 
 def fused_geometric_weights(z, invalid):
@@ -115,3 +126,4 @@ def fused_directional_logits(qk, s, alpha, beta, gamma, right):
 
 register_faster(geometric_weights, fused_geometric_weights)
 register_faster(directional_logits, fused_directional_logits)
+register_faster(DirectionalLogits, GroupedDirectionalLogits)

@@ -7,7 +7,7 @@ import numpy as np
 
 from .. import functional as F
 from ..backend import array_module
-from .geometric import DirectionalLogits, GeometricWeights
+from .geometric import DirectionalLogits, GeometricWeights, GroupedDirectionalLogits
 from .grouped import ProductSum
 from .kernels import FORMS, KernelFunction, elementwise_source, kernel, launch_rows, raw_source
 
@@ -92,11 +92,11 @@ extern "C" __global__ void ndr_geometric_weights_backward(
 """)
 
 
-class DirectionalLogitsKernel(KernelFunction, DirectionalLogits):
+class DirectionalLogitsKernel(KernelFunction, GroupedDirectionalLogits):
     """Eqs. 9–10 as one kernel each way; equals ``DirectionalLogits`` (its definition): forward 5
     array operations → 1, backward 4 → 1. α's and β's gradients stay deferred ``ProductSum``s
-    (summed over the 14 applications at once, as ``DirectionalLogits`` does)."""
-    define, define_backward = DirectionalLogits.forward, DirectionalLogits.backward
+    (summed over the 14 applications at once, as ``GroupedDirectionalLogits`` does)."""
+    define, define_backward = DirectionalLogits.forward, GroupedDirectionalLogits.backward
 
     def launch(self, qk, s, alpha, beta, gamma):
         xp = array_module(qk)
