@@ -248,7 +248,7 @@ def checkpoint(run, running=False):
                     {"identity": identity(cfg), "config": dataclasses.asdict(cfg),
                      "step": run.step, "best": run.best, "last": run.last,
                      "train_time": run.train_time, "history": run.history,
-                     **path_flags()},   # the path it trains on: see settings.resume_check
+                     **path_flags(cfg.device)},   # the path it trains on: see settings.resume_check
                     run.model.state_dict(), run.opt.state_dict(), run.selected,
                     dataclasses.astuple(run.sums) if running else None)
 

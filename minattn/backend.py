@@ -9,8 +9,10 @@ Randomness is explicit: an ``RNG`` draws on the device of the data it makes, fro
 forked into independent streams (one per module) or reseeded in place (one stream per training step,
 one generator per run) so runs are reproducible and resumable without saving device RNG state.
 """
+import math
 import os
 import re
+import sys
 
 import numpy as np
 
@@ -233,7 +235,12 @@ class RNG:
         On NumPy it compares 16-bit random integers with round(p_drop · 65536), about twice as fast
         as float uniforms; p_drop is thereby rounded to a multiple of 1/65536."""
         if isinstance(self._gen, np.random.Generator):
-            return self._gen.integers(0, 65536, size=shape, dtype=np.uint16) >= round(p_drop * 65536)
+            bits = self._gen.bit_generator
+            if math.prod(shape) % 4 or sys.byteorder != "little" or bits.state["has_uint32"]:
+                u16 = self._gen.integers(0, 65536, size=shape, dtype=np.uint16)
+            else:   # the same integers, four per 64-bit word (low half first), read from the words
+                u16 = bits.random_raw(math.prod(shape) // 4).view(np.uint16).reshape(shape)
+            return u16 >= round(p_drop * 65536)
         return self._gen.random_sample(shape, dtype=np.float32) >= p_drop
 
     def gumbel(self, shape, dtype=None):

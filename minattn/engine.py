@@ -12,15 +12,14 @@ Graph lifetime: a Function holds its inputs strongly and its output not at all, 
 reference cycles; a Tensor keeps its creator until backward has passed through it.
 
 Read top to bottom: modes, ``sum_to``, ``Tensor`` and its ``backward``, ``topological_order``,
-``Accumulation``, ``Function``, the seam to the speed annex (minattn/fast/: ``faster(plain_form)``),
+``Accumulation``, ``Function``, the seam to the speed annex (minattn/fast/: ``is_plain``, ``faster``),
 and last the operators (``+``, ``@``, ``.sum()``...), attached to ``Tensor`` in one block.
 
-Everything here is the textbook algorithm, but by default the annex takes over parts of it (the
-first ``backward`` steps into fast/accumulate.py): to step through this file in a debugger, run with
-``MINATTN_PLAIN=1`` (or inside ``plain()``). The annex stays on: without it NDR's CPU step on NumPy
-takes 5–9% longer (``make bench``'s NDR step: 228 → 244 ms, median of 7 alternating pairs 1.08;
-RESULTS.md, session 19), an H200's step 2.3× longer, and the golden runs and gradient hashes are
-the annex's.
+Which path runs is decided per device, from the data: on the CPU (NumPy arrays), where people read
+and debug, everything here runs as written and a debugger never leaves the library; on other devices
+(CuPy), where speed is the point, the annex takes over parts of it (the first ``backward`` steps into
+fast/accumulate.py). ``MINATTN_PLAIN=1`` or ``0`` in the environment (``plain(on)`` in code) forces
+either path everywhere.
 """
 import contextlib
 import itertools
@@ -35,8 +34,8 @@ from . import backend
 class _Mode:
     grad = True    # record the graph?
     train = True   # dropout and other training-only behaviour on?
-    # the textbook path: the annex (minattn/fast/) off, fused ops in their composed form (the seam)
-    plain = os.environ.get("MINATTN_PLAIN", "") not in ("", "0")
+    # the path, where forced: True the textbook one, False the annex (minattn/fast/); None: by device
+    plain = {"": None, "0": False}.get(os.environ.get("MINATTN_PLAIN", ""), True)
 
 
 @contextlib.contextmanager
@@ -162,7 +161,7 @@ class Tensor:
         if grad.shape != self.shape:
             raise ValueError(f"backward: grad shape {grad.shape} != tensor shape {self.shape}")
         nodes = topological_order(self)
-        acc = faster(Accumulation)()
+        acc = faster(Accumulation, self)()
         self._g = grad
         try:
             for node in nodes:
@@ -296,29 +295,36 @@ _FASTER = {}
 
 
 def register_faster(plain_form, fast_form):
-    """Let ``faster(plain_form)`` return ``fast_form``: how each file of the annex joins the core (a
-    faster subclass of an op or of ``Accumulation``, a flat-buffer optimizer step, ...)."""
+    """Let ``faster(plain_form, like)`` return ``fast_form``: how each file of the annex joins the core
+    (a faster subclass of an op or of ``Accumulation``, a fused form of a mechanism's equation, ...)."""
     _FASTER[plain_form] = fast_form
 
 
-def faster(plain_form):
-    """The annex's registered form of ``plain_form``, or ``plain_form`` itself on the textbook path
-    (MINATTN_PLAIN=1, ``plain()``) or when the annex registered none."""
-    return plain_form if _Mode.plain else _FASTER.get(plain_form, plain_form)
+def is_plain(device="cpu"):
+    """Does the textbook path run on ``device``? As forced (MINATTN_PLAIN=1/0, ``plain(on)``), else
+    on the CPU only: the one rule that decides the path."""
+    return device == "cpu" if _Mode.plain is None else _Mode.plain
+
+
+def faster(plain_form, like=None):
+    """The annex's registered form of ``plain_form`` for the data ``like`` (a Tensor or an array,
+    whose device decides: ``is_plain``), or ``plain_form`` itself on the textbook path or when the
+    annex registered none. Without ``like``: the CPU's choice."""
+    fast_form = _FASTER.get(plain_form)
+    if fast_form is None or is_plain(backend.device_of(_data(like))):
+        return plain_form
+    return fast_form
 
 
 @contextlib.contextmanager
 def plain(on=True):
-    """The block runs on the textbook path (``on=False``: the annex), whatever MINATTN_PLAIN says."""
+    """The block runs on the textbook path (``on=False``: the annex; ``None``: by device), whatever
+    MINATTN_PLAIN says."""
     old, _Mode.plain = _Mode.plain, on
     try:
         yield
     finally:
         _Mode.plain = old
-
-
-def is_plain():
-    return _Mode.plain
 
 
 # --- the operators: Tensor's methods call the ops of minattn/ops/ (DeZero's setup_variable) -------

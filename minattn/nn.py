@@ -37,7 +37,13 @@ class Module:
     record = False
 
     def __call__(self, *args, **kwargs):
-        return self.forward(*args, **kwargs)
+        # the seam of a whole forward: the annex may register a faster form of a class's forward (the
+        # GPU tier's copy-gate layer, minattn/fast/kernels_layer.py); a forward set on the instance
+        # (a wrapper that records, lab/viz.py) runs as it is
+        fast = faster(type(self).forward, args[0] if args else None)
+        if fast is type(self).forward or "forward" in vars(self):
+            return self.forward(*args, **kwargs)
+        return fast(self, *args, **kwargs)
 
     # --- the registry ----------------------------------------------------------------------------
     def named_modules(self, prefix=""):
@@ -113,29 +119,19 @@ class Module:
         (``MaskPlan``). That fixes the order in which the run's one random stream is read (the first
         dropout's n masks, then the next one's, ...), which resumed runs and the golden runs rely
         on; it is the same on both paths. The seam of the shared-layer annex
-        (minattn/fast/shared_layer.py): its form of ``applied_each_time`` builds what ``once`` makes
-        once for all n applications."""
+        (minattn/fast/shared_layer.py): its form of ``applied_each_time`` makes the weights the
+        module derives from its parameters once for all n applications."""
         planned = [m for _, m in self.named_modules()
                    if isinstance(m, Dropout) and "_plan" not in vars(m)]
         for m in planned:
             m._plan = MaskPlan(n)
+        params = self.parameters()
         try:
-            with faster(applied_each_time)(self, n):
+            with faster(applied_each_time, params[0] if params else None)(self, n):
                 yield self
         finally:
             for m in planned:
                 del m._plan
-
-    def once(self, name, make):
-        """``make()``: tensors the module derives from its parameters (two weights side by side,
-        say), made at every call, or taken from the cache ``_once`` that the shared-layer annex sets
-        up."""
-        cache = vars(self).get("_once")
-        if cache is None:
-            return make()
-        if name not in cache:
-            cache[name] = make()
-        return cache[name]
 
     # --- (de)serialisation ------------------------------------------------------------------------
     def state_dict(self):
@@ -310,26 +306,6 @@ class FeedForward(Module):
 
     def forward(self, x):
         return self.fc2(self.dropout(F.relu(self.fc1(x))))
-
-
-# --- chains that the GPU tier of the annex runs as one kernel each (minattn/fast/kernels.py) ------
-
-def residual_norm(norm, h, dropout, x):
-    """norm(h + dropout(x)): a post-norm residual connection."""
-    return norm(h + dropout(x))
-
-
-def linear_relu_dropout(x, w, b, dropout):
-    """dropout(ReLU(x W + b)): a feed-forward's hidden layer."""
-    return dropout(F.relu(F.linear(x, w, b)))
-
-
-def gated_mix(h, u, x, linear, dropout):
-    """(h + g ⊙ (u − h), g) with the gate g = dropout(σ(linear(x))) in h's shape: where g = 0 the
-    state h is kept, where g = 1 it is replaced by u."""
-    g = dropout(F.sigmoid(linear(x)))
-    u, g = u.reshape(h.shape), g.reshape(h.shape)
-    return h + g * (u - h), g
 
 
 class GRUCell(Module):

@@ -36,7 +36,7 @@ class Optimizer:
 
     def step(self):
         self.t += 1
-        faster(Optimizer.update_each)(self)
+        faster(Optimizer.update_each, self.params[0])(self)
 
     def update_each(self):
         """The update of every parameter that has a gradient, one parameter at a time."""
@@ -137,7 +137,8 @@ def clip_grad_norm(params, max_norm):
     """Scale all gradients so their global L2 norm is at most ``max_norm``; returns the norm before
     clipping as a 0-d device array (no host sync). ``max_norm / max(norm + 1e-6, max_norm)`` is
     min(max_norm / (norm + 1e-6), 1) in one operation less and gives the same bits."""
-    return faster(clip_grad_norm_each)(list(params), max_norm)
+    params = list(params)
+    return faster(clip_grad_norm_each, params[0] if params else None)(params, max_norm)
 
 
 def clip_grad_norm_each(params, max_norm):

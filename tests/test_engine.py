@@ -6,8 +6,10 @@ import pytest
 
 from minattn import backend, nn, ops
 from minattn import functional as F
-from minattn.attention.geometric import (DirectionalLogits, GeometricWeights, constants, directional_logits_composed,
-                                         geometric_weights_composed, invalid_keys, scan_indices)
+from minattn.attention.geometric import constants, directional_logits, geometric_weights, invalid_keys
+from minattn.fast.geometric import DirectionalLogits, GeometricWeights, scan_indices, sides
+from minattn.fast.grouped import GroupedLayerNorm
+from minattn.fast.slices import SlicingGetItem
 from minattn.engine import Function, Tensor, eval_mode, faster, is_training, no_grad, plain, sum_to
 from minattn.gradcheck import check_backward
 
@@ -170,17 +172,18 @@ FUSED_AND_COMPOSED = [   # (name, fused form, composed form, input shapes) -- bo
      lambda x: ops.cross_entropy_composed(x, np.array([0, 5, -1, 3]), -1), [(4, 6)]),
     ("layer_norm", lambda x, w, b: ops.LayerNorm()(x, w, b), ops.layer_norm_composed, [(2, 4, 6), (6,), (6,)]),
     ("geometric_weights", lambda z: GeometricWeights(invalid_keys(None, 5, z.data), scan_indices(5, z.data))(z),
-     lambda z: geometric_weights_composed(z, invalid_keys(None, 5, z.data)), [(2, 3, 5, 5)]),
-    ("directional_logits", lambda qk, s, a, b, g: DirectionalLogits(*constants(5, qk.data)[3:])(qk, s, a, b, g),
-     lambda qk, s, a, b, g: directional_logits_composed(qk, s, a, b, g, constants(5, qk.data)[3]),
+     lambda z: geometric_weights(z, invalid_keys(None, 5, z.data)), [(2, 3, 5, 5)]),
+    ("directional_logits",
+     lambda qk, s, a, b, g: DirectionalLogits(constants(5, qk.data).right, sides(5, qk.data))(qk, s, a, b, g),
+     lambda qk, s, a, b, g: directional_logits(qk, s, a, b, g, constants(5, qk.data).right),
      [(2, 3, 5, 5), (2, 3, 5, 2), (1,), (1,), (1,)]),
 ]
 
 
 @pytest.mark.parametrize("name,fused,composed,shapes", FUSED_AND_COMPOSED, ids=[r[0] for r in FUSED_AND_COMPOSED])
 def test_fused_ops_match_their_composed_forms(name, fused, composed, shapes):
-    """Each fused op and the composed form beside it (what MINATTN_PLAIN=1 runs): the same values and the
-    same gradients, in float64. (The diagonal of the directional logits differs by design: it is always
+    """Each fused op and its composed definition (the normalising ops of ops/fused.py; geometric attention's
+    textbook forms and their fused twins of the annex): the same values and the same gradients, in float64. (The diagonal of the directional logits differs by design: it is always
     masked, so the weights and every gradient through them agree.)"""
     rng = np.random.default_rng(0)
     values = [rng.standard_normal(s) for s in shapes]
@@ -201,26 +204,31 @@ def test_fused_ops_match_their_composed_forms(name, fused, composed, shapes):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
 
 
-def test_the_switch_picks_fused_or_composed_forms():
+def test_the_device_picks_the_path_and_plain_forces_it():
+    """On NumPy the seam gives the plain forms, elsewhere (the strict device) the annex's; plain(on) forces
+    either. The normalising ops are one primitive op on every path."""
     x = Tensor(np.zeros((2, 3)), requires_grad=True)
+    on_strict = Tensor(backend.to_device(np.zeros((2, 3)), "strict"))
+    assert faster(ops.LayerNorm, x) is ops.LayerNorm and faster(ops.GetItem, x) is ops.GetItem
+    assert faster(ops.LayerNorm, on_strict) is GroupedLayerNorm and faster(ops.GetItem, on_strict) is SlicingGetItem
     with plain(False):
-        assert isinstance(F.softmax(x).creator, ops.Softmax)
-        assert isinstance(F.layer_norm(x, Tensor(np.ones(3)), Tensor(np.zeros(3))).creator, ops.LayerNorm)
+        assert faster(ops.LayerNorm, x) is GroupedLayerNorm and faster(ops.GetItem, x) is SlicingGetItem
     with plain():
-        assert not isinstance(F.softmax(x).creator, ops.Softmax)
-        assert not isinstance(F.layer_norm(x, Tensor(np.ones(3)), Tensor(np.zeros(3))).creator, ops.LayerNorm)
-        assert type(faster(ops.GetItem)) is type and faster(ops.GetItem) is ops.GetItem
+        assert faster(ops.LayerNorm, on_strict) is ops.LayerNorm and faster(ops.GetItem, on_strict) is ops.GetItem
+    for textbook in (True, False, None):
+        with plain(textbook):
+            assert isinstance(F.softmax(x).creator, ops.Softmax)
+            assert isinstance(F.log_softmax(x).creator, ops.LogSoftmax)
 
 
-@pytest.mark.parametrize("textbook", [False, True], ids=["fused", "composed"])
-def test_cross_entropy_is_the_mean_negative_log_likelihood_of_the_counted_targets(textbook):
+@pytest.mark.parametrize("form", [ops.cross_entropy, ops.cross_entropy_composed], ids=["fused", "composed"])
+def test_cross_entropy_is_the_mean_negative_log_likelihood_of_the_counted_targets(form):
     """CE = (1/|counted|) Σ_{i counted} −log softmax(x_i)[t_i], ignored targets left out of sum and count
-    (PyTorch's reduction="mean"); written with a loop over rows, on both paths."""
+    (PyTorch's reduction="mean"); written with a loop over rows, for the op and its composed definition."""
     x = np.random.default_rng(0).standard_normal((2, 3, 5))
     t = np.array([[0, 4, -1], [2, -1, 2]])
     terms = [-(row[k] - np.log(np.exp(row).sum())) for row, k in zip(x.reshape(-1, 5), t.reshape(-1)) if k != -1]
-    with plain(textbook):
-        loss = F.cross_entropy(Tensor(x), t, ignore_index=-1)
+    loss = form(Tensor(x), t, ignore_index=-1)
     assert float(loss.data) == pytest.approx(sum(terms) / len(terms), rel=1e-12)
 
 def test_cross_entropy_rejects_bad_targets():

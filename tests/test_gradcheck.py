@@ -17,9 +17,9 @@ from minattn.attention.additive import AdditiveAttention
 from minattn.attention.coda import (COMPOSITIONS, CoDAttention, PairwiseCoDA, l1_distance,
                                    l1_distance_reference)
 from minattn.attention.compositional import CompositionalAttention
-from minattn.attention.geometric import (DirectionalLogits, GeometricAttention, GeometricWeights, constants,
-                                        directional_logits_composed, geometric_attention_weights,
-                                        geometric_weights_composed, invalid_keys, scan_indices)
+from minattn.attention.geometric import (GeometricAttention, constants, directional_logits,
+                                        geometric_attention_weights, geometric_weights, invalid_keys)
+from minattn.fast.geometric import DirectionalLogits, GeometricWeights, scan_indices, sides
 from minattn.attention.multihead import MultiHeadAttention
 from minattn.attention.relational import PositionRelativeRCA, RelationalCrossAttention, SimplifiedRCA
 from minattn.attention.relative import RelativeMultiHeadAttention
@@ -140,7 +140,7 @@ OPS = [
     ("cross_entropy_3d_ignore", lambda a, t: F.cross_entropy(a, t, ignore_index=-1),
      inputs(N(2, 3, 5), const(np.array([[1, -1, 4], [0, 3, -1]])))),
     ("layer_norm", F.layer_norm, inputs(N(2, 3, 6), N(6), N(6))),
-    # Each fused op and its composed form (MINATTN_PLAIN=1's), both checked whichever path runs the rows above
+    # Each fused op and its composed definition, both checked whichever path runs the rows above
     ("softmax_fused", lambda a: ops.Softmax(-1)(a), inputs(N(3, 5))),
     ("softmax_composed", ops.softmax_composed, inputs(N(3, 5))),
     ("softmax_composed_masked", lambda a, m: ops.softmax_composed(F.masked_fill(a, ~m, -1e9)),
@@ -153,6 +153,10 @@ OPS = [
      inputs(N(2, 3, 5), const(np.array([[1, -1, 4], [0, 3, -1]])))),
     ("layer_norm_fused", lambda x, w, b: ops.LayerNorm()(x, w, b), inputs(N(2, 3, 6), N(6), N(6))),
     ("layer_norm_composed", ops.layer_norm_composed, inputs(N(2, 3, 6), N(6), N(6))),
+    ("split_heads", lambda x: ops.split_heads(x, 2, 2, 3), inputs(N(2, 4, 9))),
+    ("split_heads_composed", lambda x: ops.split_heads_composed(x, 2, 2, 3), inputs(N(2, 4, 9))),
+    ("merge_heads", ops.merge_heads, inputs(N(2, 2, 4, 3))),
+    ("merge_heads_composed", ops.merge_heads_composed, inputs(N(2, 2, 4, 3))),
     ("embedding_repeats", lambda w, i: F.embedding(w, i), inputs(N(5, 3), const(np.array([[0, 4, 4], [2, 0, 0]])))),
     ("embedding_many_rows_repeats", lambda w, i: F.embedding(w, i),     # > ONEHOT_MAX_ROWS: CPU sorts
      inputs(N(80, 2), const(np.array([[79, 4, 79], [2, 4, 4]])))),
@@ -163,16 +167,17 @@ OPS = [
     ("geometric_weights_T1", lambda z: geometric_attention_weights(z), inputs(N(1, 1, 1, 1))),
     ("geometric_weights_fused", lambda z, m: GeometricWeights(invalid_keys(m, 4, z.data), scan_indices(4, z.data))(z),
      inputs(lambda r: r.uniform(-3, 3, (2, 1, 4, 4)), const(np.array([[1, 1, 1, 0], [1, 1, 1, 1]], bool)))),
-    ("geometric_weights_composed", lambda z, m: geometric_weights_composed(z, invalid_keys(m, 4, z.data)),
+    ("geometric_weights_composed", lambda z, m: geometric_weights(z, invalid_keys(m, 4, z.data)),
      inputs(lambda r: r.uniform(-3, 3, (2, 1, 4, 4)), const(np.array([[1, 1, 1, 0], [1, 1, 1, 1]], bool)))),
     ("geometric_weights_reference", lambda z, m: geometric_attention_weights_reference(z, m),
      inputs(lambda r: r.uniform(-3, 3, (2, 1, 4, 4)), const(np.array([[1, 1, 1, 0], [1, 1, 1, 1]], bool)))),
-    ("directional_logits", lambda qk, s, a, b, g: DirectionalLogits(*constants(5, qk.data)[3:])(qk, s, a, b, g),
+    ("directional_logits",
+     lambda qk, s, a, b, g: DirectionalLogits(constants(5, qk.data).right, sides(5, qk.data))(qk, s, a, b, g),
      inputs(N(2, 2, 5, 5), N(2, 2, 5, 2), N(1), N(1), N(1))),
     ("directional_logits_reference", directional_logits_reference,
      inputs(N(2, 2, 5, 5), N(2, 2, 5, 2), N(1), N(1), N(1))),
-    ("directional_logits_composed", lambda qk, s, a, b, g: directional_logits_composed(qk, s, a, b, g,
-                                                                                    constants(5, qk.data)[3]),
+    ("directional_logits_composed",
+     lambda qk, s, a, b, g: directional_logits(qk, s, a, b, g, constants(5, qk.data).right),
      inputs(N(2, 2, 5, 5), N(2, 2, 5, 2), N(1), N(1), N(1))),
     ("gumbel_softmax_soft", lambda a, g: F.gumbel_softmax(a, tau=0.7, hard=False, noise=g),
      inputs(N(3, 5), N(3, 5))),

@@ -18,8 +18,9 @@ is checked entry by entry against [L(θ + εe) − L(θ − εe)] / 2ε. On ever
 - a second backward through a rebuilt graph adds exactly the same gradient again;
 - ``clip_grad_norm`` scales each gradient exactly once.
 
-Every graph runs on both paths: the textbook one (``engine.Accumulation``, plain ops: what
-MINATTN_PLAIN=1 runs) and the annex's (fast/accumulate.py's in-place and grouped sums, fast/slices.py).
+Every graph runs on both paths, forced with ``engine.plain``: the textbook one (``engine.Accumulation``,
+plain ops: NumPy's default, and what MINATTN_PLAIN=1 forces) and the annex's (fast/accumulate.py's in-place
+and grouped sums, fast/slices.py).
 
 On failure the message prints the program (ops and wiring) and its seed, so the case can be
 replayed with ``Program(seed)``.

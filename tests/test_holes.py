@@ -131,7 +131,8 @@ def test_a_resume_that_switches_the_path_is_refused(fresh, capsys):
 
 def test_a_gpu_resume_that_switches_the_kernels_is_refused_a_cpu_one_is_not(fresh, capsys):
     """MINATTN_KERNELS=1 changes a GPU run's last bits (the kernels sum in another order), nothing on the
-    CPU: a GPU resume on the other setting is refused, naming the variable; a CPU one continues."""
+    CPU: a GPU resume on the other setting is refused, naming the variable; a CPU one continues. (Each
+    checkpoint is on its device's default path: the annex on the GPU, the textbook one on the CPU.)"""
     from minattn.fast import kernels
     from minattn.lab.settings import make_config, resume_check, saved_settings
     path = os.path.join(fresh, "checkpoint.npz")
@@ -139,6 +140,7 @@ def test_a_gpu_resume_that_switches_the_kernels_is_refused_a_cpu_one_is_not(fres
     assert ckpt["kernels"] is False
     with kernels.switched(True):
         for device, refused in (("gpu", True), ("cpu", False)):
+            _rewrite(path, edit_meta=_set("plain", device == "cpu"))
             saved = saved_settings(ckpt, path)
             run_cfg = make_config(saved.pop("task"), saved.pop("model"), saved.pop("preset"), **saved)
             run_cfg.device, run_cfg.steps = device, None

@@ -13,10 +13,11 @@ import os
 import numpy as np
 import pytest
 
-from minattn import backend, nn
+from minattn import backend
 from minattn.engine import Tensor, faster, plain
 from minattn.fast import kernels
 from minattn.fast.grouped import GroupedLayerNorm
+from minattn.models.encoder import CopyGateLayer
 from minattn.ops.fused import LayerNorm
 from minattn.tools import counting, gpucheck
 
@@ -200,10 +201,13 @@ def test_each_emulated_kernel_equals_its_definition(name, monkeypatch):
     print(f"{name}: {sorted(used)}: max rel. diff {worst:.1e}, {ties} ties")
 
 
+LAYER = "the NDR copy-gate layer (3 kernels)"
+
+
 @pytest.mark.parametrize("plant,case", [
     ("left key wins ties", "geometric weights (Eq. 7)"),
-    ("dropout mask missing in the norm's backward", "residual + dropout + layer norm"),
-    ("ReLU passes negatives back", "bias + ReLU + dropout")])
+    ("dropout mask missing in the norm's backward", LAYER),
+    ("ReLU passes negatives back", LAYER)])
 def test_a_planted_bug_is_caught(plant, case, monkeypatch):
     with plain(False):
         with kernels.switched(False):
@@ -215,14 +219,21 @@ def test_a_planted_bug_is_caught(plant, case, monkeypatch):
 
 
 def test_dropout_masks_come_from_the_same_draws(monkeypatch):
-    """A kernel form draws its mask as Dropout does: the same result, the stream ends in the same state."""
+    """The kernel form of the copy-gate layer draws its masks as the layer's Dropouts do: the same result,
+    and the stream ends in the same state."""
+    from minattn.attention.geometric import GeometricAttention
+    from minattn.models.encoder import EncoderConfig
     emulate(monkeypatch)
     ends, outs = [], []
+    cfg = EncoderConfig(d_model=40, n_head=2, d_ff=80, dropout=0.3, gate_dropout=0.2)
     for on in (False, True):
+        weights = np.random.default_rng(0)
+        layer = CopyGateLayer(GeometricAttention(40, 2, 0.1, rng=weights), cfg, weights)
         rng = backend.RNG(7, "cpu")
-        x = Tensor(np.random.default_rng(0).standard_normal((3, 40)).astype(f32), requires_grad=True)
+        layer.set_rng(rng)
+        h = Tensor(np.random.default_rng(0).standard_normal((2, 3, 40)).astype(f32), requires_grad=True)
         with plain(False), kernels.switched(on):
-            outs.append(faster(nn.residual_norm)(nn.LayerNorm(40), x, nn.Dropout(0.3, rng=rng), x).data)
+            outs.append(layer(h).data)
         ends.append(rng._gen.bit_generator.state["state"])
     assert ends[0] == ends[1] and np.abs(outs[0] - outs[1]).max() < 1e-5
 
@@ -232,11 +243,13 @@ def test_kernels_are_off_by_default_and_switch_on_and_off():
         assert not kernels.is_on()
     with plain(False):
         with kernels.switched(False):
-            assert faster(LayerNorm) is GroupedLayerNorm and faster(nn.residual_norm) is nn.residual_norm
+            assert faster(LayerNorm) is GroupedLayerNorm
+            assert faster(CopyGateLayer.forward) is CopyGateLayer.forward
         with kernels.switched(True):
             assert faster(LayerNorm).__name__ == "LayerNormKernel"
+            assert faster(CopyGateLayer.forward).__name__ == "copy_gate_forward"
             with plain():
-                assert faster(LayerNorm) is LayerNorm and faster(nn.residual_norm) is nn.residual_norm
+                assert faster(LayerNorm) is LayerNorm and faster(CopyGateLayer.forward) is CopyGateLayer.forward
 
 
 def test_the_counter_counts_each_kernel_as_one_launch_and_ndr_within_900():

@@ -273,23 +273,23 @@ def test_tiling_slices_cost_one_launch():
     assert sum(COUNTER.launches.values()) == 3, COUNTER.launches
 
 
-def test_shared_layer_weights_are_built_once_per_repeated_block():
-    attn = GeometricAttention(8, 2, rng=np.random.default_rng(0))
+def test_shared_layer_weights_are_built_once_per_repeated_block(monkeypatch):
+    """fast/shared_layer.py: inside ``repeated`` a derived-weights method makes its weights once (a nested
+    block keeps the outer's); outside, and on the textbook path, at every call."""
     calls = []
-
-    def make():
-        calls.append(1)
-        return attn.in_projection()
-    first = attn.once("w", make)
-    assert attn.once("w", make) is not first and len(calls) == 2            # outside a scope: every call
+    real = GeometricAttention.in_projection
+    monkeypatch.setattr(GeometricAttention, "in_projection", lambda self: calls.append(1) or real(self))
+    attn = GeometricAttention(8, 2, rng=np.random.default_rng(0))
+    first = attn.in_projection()
+    assert attn.in_projection() is not first and len(calls) == 2              # outside a block: every call
     with attn.repeated(3):
-        w = attn.once("w", make)
-        with attn.repeated(2):                                             # a nested scope keeps the outer's
-            assert attn.once("w", make) is w
-        assert attn.once("w", make) is w and len(calls) == 3
-    assert "_once" not in vars(attn)
-    attn.once("w", make)
-    assert len(calls) == 4
+        w = attn.in_projection()
+        with attn.repeated(2):                                               # a nested block keeps the outer's
+            assert attn.in_projection() is w
+        assert attn.in_projection() is w and len(calls) == 3
+    assert "in_projection" not in vars(attn)
+    with plain(), attn.repeated(3):
+        assert attn.in_projection() is not attn.in_projection() and len(calls) == 5
 
 
 @pytest.mark.parametrize("tanh_out", [False, True])

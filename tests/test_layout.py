@@ -118,13 +118,14 @@ def test_rundir_does_not_import_the_recipes():
 
 def test_the_annex_imports_only_the_core():
     """minattn/fast/ is the speed annex of the core (engine, ops, functional, nn, optim, backend): it may not
-    import a mechanism or a model, except the files named for the one mechanism the annex knows, NDR's
-    geometric attention (fast/geometric.py and its GPU kernel's file), which say so in their headers."""
+    import a mechanism or a model, except the files of the one mechanism the annex knows, NDR's geometric
+    attention and copy-gate layer (fast/geometric.py and the GPU kernels' files), which say so in their headers."""
     above = ("minattn.attention", "minattn.models", "minattn.data", "minattn.lab", "minattn.tools")
     offenders = set()
     for path in _sources():
         parts = os.path.relpath(path, ROOT).split(os.sep)
-        if parts[:2] == ["minattn", "fast"] and "geometric" not in parts[2]:
+        if parts[:2] == ["minattn", "fast"] and parts[2] not in ("geometric.py", "kernels_geometric.py",
+                                                                "kernels_layer.py"):
             offenders |= {f"{'/'.join(parts)} imports {m}" for m in _imported_modules(path) if m.startswith(above)}
     assert not offenders, sorted(offenders)
 

@@ -3,11 +3,11 @@ import numpy as np
 import pytest
 
 from minattn import backend
-from minattn.attention.geometric import (DirectionalLogits, GeometricAttention, constants,
-                                        geometric_attention_weights, scan_order)
+from minattn.attention.geometric import GeometricAttention, constants, geometric_attention_weights, scan_order
 from minattn.attention.multihead import MultiHeadAttention
 from minattn.attention.relative import RelativeMultiHeadAttention, rel_shift
-from minattn.engine import Tensor, eval_mode, no_grad
+from minattn.engine import Tensor, eval_mode, no_grad, plain
+from minattn.fast.geometric import DirectionalLogits, sides
 from minattn.models.encoder import ARCHITECTURES, Classifier, EncoderConfig
 
 from .reference import directional_logits_reference, geometric_attention_weights_reference
@@ -65,7 +65,8 @@ def test_fused_geometric_weights_agree_with_the_composite(normalize):
         out = []
         for fn in (geometric_attention_weights, geometric_attention_weights_reference):
             x = Tensor(z, requires_grad=True)
-            A = fn(x, key_mask, normalize)
+            with plain(False):                               # the annex's fused op, then the composite
+                A = fn(x, key_mask, normalize)
             A.backward(g)
             out.append((A.data, x.grad))
         np.testing.assert_allclose(out[0][0], out[1][0], rtol=1e-9, atol=1e-13)
@@ -78,7 +79,8 @@ def test_fused_directional_logits_agree_with_the_composite_off_the_diagonal():
     arrays = [rng.standard_normal(shape) for shape in ((2, 2, T, T), (2, 2, T, 2), (1,), (1,), (1,))]
     g = rng.standard_normal((2, 2, T, T)) * (1 - np.eye(T))       # the diagonal is masked: no gradient there
     out = []
-    for fn in (lambda *a: DirectionalLogits(*constants(T, a[0].data)[3:])(*a), directional_logits_reference):
+    for fn in (lambda *a: DirectionalLogits(constants(T, a[0].data).right, sides(T, a[0].data))(*a),
+               directional_logits_reference):
         xs = [Tensor(a, requires_grad=True) for a in arrays]
         z = fn(*xs)
         z.backward(g)
@@ -90,7 +92,8 @@ def test_fused_directional_logits_agree_with_the_composite_off_the_diagonal():
 
 def test_fused_geometric_weights_float32_stay_within_one():
     z = np.full((1, 1, 8, 8), 30.3, np.float32)                  # z + m rounds to ±1 ulp of 30
-    A = geometric_attention_weights(Tensor(z)).data
+    with plain(False):
+        A = geometric_attention_weights(Tensor(z)).data
     assert (A.sum(-1) <= 1 + 1e-5).all() and np.isfinite(A).all()
 
 

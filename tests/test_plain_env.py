@@ -1,8 +1,11 @@
-"""MINATTN_PLAIN=1 in the environment of a fresh process runs the textbook path (README, minattn/fast/).
+"""The path is decided per device (engine.is_plain): the textbook path on NumPy arrays, the annex on the
+other devices (here the strict test device, which stands in for CuPy); MINATTN_PLAIN=1 or 0 in the
+environment of a fresh process forces either path everywhere (README, minattn/fast/).
 
 The other tests switch paths with ``engine.plain()`` inside one process, so a library that stopped reading
-the variable would pass them all. Here a new Python imports minattn under each value and reports what ran:
-the accumulation ``Tensor.backward`` built, the op softmax recorded, the optimizer's update."""
+the variable would pass them all. Here a new Python imports minattn under each value and reports, on each
+device, what ran: the accumulation ``Tensor.backward`` built, the op a slice recorded, the optimizer's
+update."""
 import json
 import os
 import subprocess
@@ -15,25 +18,32 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROBE = """
 import json
 import numpy as np
-from minattn import engine, optim
-from minattn import functional as F
+from minattn import backend, engine, optim
 from minattn.nn import Parameter
+from tests import strict  # noqa: F401  (registers the strict device)
 
 built = []
 faster = engine.faster
-def watching(plain_form):                       # what the engine asks the seam for, and gets
-    form = faster(plain_form)
+def watching(plain_form, like=None):            # what the engine asks the seam for, and gets
+    form = faster(plain_form, like)
     built.append(form.__name__)
     return form
 engine.faster = watching                        # backward() looks its `faster` up in engine at each call
 
-w = Parameter(np.ones((3, 2), np.float32))
-y = F.softmax(np.ones((4, 3), np.float32) @ w)
-softmax = type(y.creator).__name__              # (backward frees the graph)
-y.sum().backward()
-print(json.dumps({"plain": engine.is_plain(), "accumulation": built, "softmax": softmax,
-                  "update": faster(optim.Optimizer.update_each).__name__}))
+ran = {}
+for device in ("cpu", "strict"):
+    built.clear()
+    w = Parameter(backend.to_device(np.ones((3, 2), np.float32), device))
+    y = w[:, :1]
+    cut = type(y.creator).__name__              # (backward frees the graph)
+    y.sum().backward()
+    ran[device] = {"plain": engine.is_plain(device), "accumulation": built[:], "getitem": cut,
+                   "update": faster(optim.Optimizer.update_each, w).__name__}
+print(json.dumps(ran))
 """
+
+TEXTBOOK = {"accumulation": ["Accumulation"], "getitem": "GetItem", "update": "update_each"}
+ANNEX = {"accumulation": ["GroupedAccumulation"], "getitem": "SlicingGetItem", "update": "update_flat"}
 
 
 def probe(value):
@@ -46,15 +56,17 @@ def probe(value):
     return json.loads(done.stdout)
 
 
-def test_minattn_plain_1_runs_the_textbook_path_in_a_fresh_process():
+def test_minattn_plain_1_runs_the_textbook_path_everywhere_in_a_fresh_process():
     ran = probe("1")
-    assert ran == {"plain": True, "accumulation": ["Accumulation"], "softmax": ran["softmax"],
-                   "update": "update_each"}
-    assert ran["softmax"] != "Softmax"          # the composed form (exp, sum, divide), not the fused op
+    assert ran == {"cpu": {"plain": True, **TEXTBOOK}, "strict": {"plain": True, **TEXTBOOK}}
 
 
-@pytest.mark.parametrize("value", [None, "", "0"])
-def test_without_it_the_annex_runs(value):
+def test_minattn_plain_0_runs_the_annex_everywhere():
+    ran = probe("0")
+    assert ran == {"cpu": {"plain": False, **ANNEX}, "strict": {"plain": False, **ANNEX}}
+
+
+@pytest.mark.parametrize("value", [None, ""])
+def test_without_it_numpy_runs_the_textbook_path_and_other_devices_the_annex(value):
     ran = probe(value)
-    assert ran["plain"] is False and ran["softmax"] == "Softmax"
-    assert ran["accumulation"] != ["Accumulation"] and ran["update"] != "update_each"
+    assert ran == {"cpu": {"plain": True, **TEXTBOOK}, "strict": {"plain": False, **ANNEX}}

@@ -1,22 +1,30 @@
-"""The textbook path and the annex are the same library (issue 33).
+"""The textbook path and the annex are the same library.
 
-MINATTN_PLAIN=1 (here ``engine.plain()``) runs the core as written: out-of-place gradient sums, one
-parameter at a time, the composed forms of the fused ops, nothing shared between the applications of a
-shared layer. With the annex (minattn/fast/) the arithmetic is regrouped and fused. Here both paths take
-one training step of every model of every recipe from the same weights, batch and random stream, and a
-20-step NDR run on CTL; ``tests/test_graph.py`` does the same on random graphs.
+The textbook path (the CPU's by default; ``engine.plain()`` here) runs the core as written: out-of-place
+gradient sums, one parameter at a time, geometric attention's composed equations, nothing shared between
+the applications of a shared layer. With the annex (minattn/fast/; the default off NumPy, ``plain(False)``
+here) the arithmetic is regrouped and fused. Here both paths take one training step of every model of every
+recipe from the same weights, batch and random stream, and a 20-step NDR run on CTL; ``tests/test_graph.py``
+does the same on random graphs. And on the CPU the default path never steps into the annex: what a debugger
+shows is the library as written.
 
 Tolerances: the one-step comparison runs in float64; every gradient and every updated weight agrees to
 1e-6 relative, per parameter, to the largest entry of that parameter (a parameter whose exact gradient is
 0, a bias a softmax ignores, is held to 1e-12 of the model's largest gradient entry instead: its gradient
 is rounding noise). The 20-step NDR run is float32, as trained; its losses agree to 1e-5.
 """
+import os
+import sys
+
 import numpy as np
 import pytest
 
+import minattn
 import train
 from minattn import backend, optim
+from minattn import functional as F
 from minattn.engine import plain
+from minattn.models.encoder import Classifier, EncoderConfig
 from minattn.lab.recipes.base import optimizer
 
 CASES = [(recipe.tasks[0], model) for recipe in train.RECIPES for model in recipe.models]
@@ -93,3 +101,39 @@ def test_twenty_ndr_steps_on_ctl_give_the_same_losses(tmp_path, monkeypatch):
     plain_losses, fast_losses = _losses(True, tmp_path, monkeypatch), _losses(False, tmp_path, monkeypatch)
     assert len(fast_losses) == 20
     np.testing.assert_allclose(plain_losses, fast_losses, rtol=1e-5)
+
+
+ANNEX = os.path.join(os.path.dirname(os.path.abspath(minattn.__file__)), "fast") + os.sep
+
+
+def ndr_step_entering(path):
+    """One forward and backward of a small NDR classifier in float64 under ``plain(path)`` (None: the
+    default, by device): the (file, function) pairs of minattn/fast/ it entered, traced with sys.setprofile
+    as a debugger would step, with its loss and gradients."""
+    model = Classifier("ndr", 5, 3, EncoderConfig(d_model=16, n_head=2, d_ff=32, n_steps=3)).double()
+    model.set_rng(backend.RNG(0, "cpu"))
+    entered = set()
+
+    def trace(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(ANNEX):
+            entered.add((os.path.basename(frame.f_code.co_filename), frame.f_code.co_name))
+    with plain(path):
+        sys.setprofile(trace)
+        try:
+            logits = model(np.array([[6, 1, 2, 5], [6, 3, 5, 0]]), np.array([4, 3]))
+            loss = F.cross_entropy(logits, np.array([0, 2]))
+            loss.backward()
+        finally:
+            sys.setprofile(None)
+    return entered, float(loss.data), {n: p.grad for n, p in model.named_parameters()}
+
+
+def test_on_the_cpu_the_default_path_never_enters_the_annex():
+    default, loss, grads = ndr_step_entering(None)
+    assert not default, sorted(default)
+    annex, annex_loss, annex_grads = ndr_step_entering(False)        # MINATTN_PLAIN=0's path
+    files = {f for f, _ in annex}
+    assert {"accumulate.py", "geometric.py", "shared_layer.py", "slices.py"} <= files, sorted(annex)
+    assert loss == pytest.approx(annex_loss, rel=1e-12)
+    for name, g in grads.items():
+        np.testing.assert_allclose(g, annex_grads[name], rtol=1e-9, atol=1e-12 * np.abs(g).max(), err_msg=name)

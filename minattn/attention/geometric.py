@@ -19,12 +19,13 @@ m = log(1 − σ(z))) so that no product of many probabilities underflows and no
 graph: masked logits are replaced by a large finite negative, which gives exactly A = 0 and m = 0.
 """
 import math
+from collections import namedtuple
 
 import numpy as np
 
 from .. import backend
 from .. import functional as F
-from ..engine import Function, faster, is_plain
+from ..engine import Function, faster
 from ..nn import Dropout, Linear, Module, Parameter, head_size, uniform
 
 
@@ -37,34 +38,19 @@ def scan_order(T):
     return perm, np.argsort(perm, axis=1)
 
 
+Constants = namedtuple("Constants", "rows perm inv right")
 _CONSTANTS = {}
 
 
 def constants(T, like):
-    """Per-length constants on the device of ``like``, made once: the scan order (rows, perm, inv),
-    the mask ``right`` (T, T) of j > i and ``sides`` (T, 2, T) = [j ≤ i | j > i] in like's dtype."""
-    key = (T, backend.device_of(like), like.dtype)
+    """Per-length constants on the device of ``like``, made once: the scan order as gather indices
+    (``rows`` (T, 1), ``perm``, ``inv``: ``x[..., rows, perm]``) and ``right`` (T, T), the mask of
+    j > i."""
+    key = (T, backend.device_of(like))
     if key not in _CONSTANTS:
         perm, inv = scan_order(T)
         i, j = np.arange(T)[:, None], np.arange(T)[None, :]
-        host = (i, perm, inv, j > i, np.stack([j <= i, j > i], axis=1).astype(like.dtype))
-        _CONSTANTS[key] = tuple(backend.to_device(a, backend.device_of(like)) for a in host)
-    return _CONSTANTS[key]
-
-
-def scan_indices(T, like):
-    """The scan order as flat indices into a row-major (T, T) block, on the device of ``like``, made
-    once per length: x.reshape(..., T·T)[..., i] for i in (scan, unscan, scan_back, unscan_back) is
-    x[..., rows, perm], x[..., rows, inv], and the same for the scan from its far end
-    (perm[:, ::-1], T − 1 − inv). One integer array is one gather (on CuPy one ``take``);
-    ``x[..., rows, perm]``, two arrays, is four kernels there (the counter: 2,038 → 1,870 launches
-    per NDR step, the same bits)."""
-    key = (T, backend.device_of(like), "scan")
-    if key not in _CONSTANTS:
-        perm, inv = scan_order(T)
-        row = T * np.arange(T)[:, None]
-        host = (row + perm, row + inv, row + perm[:, ::-1], row + (T - 1 - inv))
-        _CONSTANTS[key] = tuple(backend.to_device(a, backend.device_of(like)) for a in host)
+        _CONSTANTS[key] = Constants(*(backend.to_device(a, key[1]) for a in (i, perm, inv, j > i)))
     return _CONSTANTS[key]
 
 
@@ -73,42 +59,6 @@ def invalid_keys(key_mask, T, like):
     padding)."""
     invalid = backend.array_module(like).eye(T, dtype=bool)
     return invalid if key_mask is None else invalid | ~key_mask[:, None, None, :]
-
-
-class GeometricWeights(Function):
-    """A = geometric attention weights of logits z (B, H, T, T), Eq. 7 in log space, as one op.
-
-    With m = log(1 − σ(z)) = −softplus(z) and ℓ = log σ(z) = z + m,
-        log A_ij = ℓ_ij + Σ_{k∈S_ij} m_ik = z_ij + (the sum of m over the keys scanned up to j, j included):
-    one cumulative sum in scan order. Backward, with g = ∂L/∂log A = ∂L/∂A ⊙ A: ∂L/∂m_ik is the sum of
-    g over the keys scanned from k on, and ∂m/∂z = −σ(z) = −exp(ℓ). Masked keys get z = F.MASKED:
-    σ = 0, m = 0, A = 0, and a gradient of exactly 0 with no mask in the backward. 7 array operations
-    forward and 8 back; its composed form (``geometric_weights_composed``, below) takes 15 forward and
-    17 back.
-    """
-
-    def __init__(self, invalid, scan_indices):
-        self.invalid, self.scan_indices = invalid, scan_indices
-
-    def _scan_cumsum(self, x, reverse=False):
-        """Cumulative sum along each query's scan order (from its end if ``reverse``), in key order:
-        x is gathered into scan order (``scan_indices``: one gather each way), summed, and gathered
-        back."""
-        scan, unscan = self.scan_indices[2:] if reverse else self.scan_indices[:2]
-        flat = x.shape[:-2] + (-1,)
-        y = backend.array_module(x).cumsum(x.reshape(flat)[..., scan], axis=-1)
-        return y.reshape(flat)[..., unscan]
-
-    def forward(self, z):
-        xp = backend.array_module(z)
-        self.z = xp.where(self.invalid, z.dtype.type(F.MASKED), z)
-        self.softplus = xp.logaddexp(z.dtype.type(0), self.z)             # −m
-        self.A = xp.exp(self.z - self._scan_cumsum(self.softplus))
-        return self.A
-
-    def backward(self, gA):
-        g = gA * self.A
-        return g - self._scan_cumsum(g, reverse=True) * backend.array_module(g).exp(self.z - self.softplus)
 
 
 class PermuteKeys(Function):
@@ -125,16 +75,17 @@ class PermuteKeys(Function):
         return gy[..., self.rows, self.inv]
 
 
-def geometric_weights_composed(z, invalid):
-    """Eq. 7 in log space, composed of ops: A = exp(log σ(z) + Σ_{k∈S_ij} log(1 − σ(z_ik)))."""
+def geometric_weights(z, invalid):
+    """Eq. 7 in log space: A = exp(log σ(z) + Σ_{k∈S_ij} log(1 − σ(z_ik))). Masked keys (``invalid``)
+    get z = F.MASKED: σ = 0, so A = 0 and log(1 − σ) = 0 (they block nothing)."""
     z = F.masked_fill(z, invalid, F.MASKED)
     log_p = F.logsigmoid(z)                                                 # ℓ = log σ(z)
     log_not_p = F.logsigmoid(-z)                                            # m = log(1 − σ(z))
-    rows, perm, inv = constants(z.shape[-1], z.data)[:3]
-    m_scan = PermuteKeys(rows, perm, inv)(log_not_p)                        # m in scan order
-    # Σ of m over earlier keys
+    c = constants(z.shape[-1], z.data)
+    m_scan = PermuteKeys(c.rows, c.perm, c.inv)(log_not_p)                  # m in scan order
+    # Σ of m over the keys scanned before j
     blocked_scan = F.cumsum(m_scan, axis=-1) - m_scan
-    blocked = PermuteKeys(rows, inv, perm)(blocked_scan)                    # back to key order
+    blocked = PermuteKeys(c.rows, c.inv, c.perm)(blocked_scan)              # back to key order
     return F.exp(log_p + blocked)
 
 
@@ -147,41 +98,17 @@ def geometric_attention_weights(logits, key_mask=None, normalize=False, invalid=
     """
     T = logits.shape[-1]
     invalid = invalid_keys(key_mask, T, logits.data) if invalid is None else invalid
-    if not is_plain():
-        A = faster(GeometricWeights)(invalid, scan_indices(T, logits.data))(logits)
-    else:
-        A = geometric_weights_composed(logits, invalid)
+    # the annex's fused op on CuPy: one cumulative sum in scan order (fast/geometric.py)
+    A = faster(geometric_weights, logits)(logits, invalid)
     return A / F.maximum(A.sum(axis=-1, keepdims=True), 1e-12) if normalize else A
 
 
-class DirectionalLogits(Function):
-    """z_ij = α q_i·k_j + β D_ij + γ, D_ij = s→_i if j > i else s←_i (Eqs. 9–10), as one op: 5 array
-    operations forward and 4 back, where the composed form (``directional_logits_composed``) takes 7
-    and ~14. Inputs: qk = q kᵀ (B, H, T, T), s = (s←, s→) (B, H, T, 2), α, β, γ (1,). D_ii = s←_i on
-    the (always masked) diagonal."""
-
-    def __init__(self, right, sides):
-        self.right, self.sides = right, sides
-
-    def forward(self, qk, s, alpha, beta, gamma):
-        self.qk, self.s, self.alpha, self.beta = qk, s, alpha, beta
-        # (B, H, T, 2): β s + γ, small
-        bs = s * beta + gamma
-        return alpha * qk + backend.array_module(qk).where(self.right, bs[..., 1:], bs[..., :1])
-
-    def backward(self, gz):
-        # (B, H, T, 2): Σ_j over each side
-        gbs = (gz[..., None, :] * self.sides).sum(axis=-1)
-        # α, β, γ get their gradients unreduced: the engine sums them to shape (1,)
-        return gz * self.alpha, gbs * self.beta, gz * self.qk, gbs * self.s, gbs
-
-
-def directional_logits_composed(qk, s, alpha, beta, gamma, right):
-    """Eqs. 9–10 composed of ops: α qk + (β s + γ) picked per side by ``right`` (j > i)."""
+def directional_logits(qk, s, alpha, beta, gamma, right):
+    """Eqs. 9–10: z_ij = α q_i·k_j + β D_ij + γ, D_ij = s→_i if j > i (``right``) else s←_i, for
+    qk = q kᵀ (B, H, T, T), s = (s←, s→) (B, H, T, 2), α, β, γ (1,). D_ii = s←_i on the (always
+    masked) diagonal."""
     bs = s * beta + gamma                                               # (B, H, T, 2)
     return alpha * qk + F.where(right, bs[..., 1:], bs[..., :1])
-
-
 class GeometricAttention(Module):
     """Multi-head geometric attention with the directional term (docs/ndr.md §3). Letters follow the
     paper."""
@@ -216,19 +143,16 @@ class GeometricAttention(Module):
     def forward(self, x, key_mask=None, return_weights=False):
         B, T, C = x.shape
         H, dh = self.n_head, self.d_head
-        W, b = self.once("in_projection", self.in_projection)
+        W, b = self.in_projection()
         y = F.linear(x, W, b)                                                     # (B, T, 3C + 2H)
         # (B, H, T, dh) each
         q, k, v = (F.split_heads(y, i * C, H, dh) for i in range(3))
         k = self.key_dropout(k)
         # (B, H, T, 2): (s←, s→)
         s = F.split_heads(y, 3 * C, H, 2)
-        right, sides = constants(T, x.data)[3:]
         qk = q @ k.swapaxes(-1, -2)                                               # (B, H, T, T)
-        if not is_plain():
-            z = faster(DirectionalLogits)(right, sides)(qk, s, self.alpha, self.beta, self.gamma)
-        else:
-            z = directional_logits_composed(qk, s, self.alpha, self.beta, self.gamma, right)
+        right = constants(T, x.data).right
+        z = faster(directional_logits, qk)(qk, s, self.alpha, self.beta, self.gamma, right)
         invalid = self._invalid(key_mask, T, x.data)
         A = geometric_attention_weights(z, normalize=self.normalize, invalid=invalid)
         if self.record:  # kept for analysis and plots (see UniversalEncoder's trace)

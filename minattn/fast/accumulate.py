@@ -16,13 +16,8 @@ operations:
   ``Deferred``: a leaf's broadcast gradient ``SumTo`` here, the grouped products of fast/grouped.py,
   the slices of fast/slices.py) are evaluated together, one kind at a time.
 
-Measured (NDR on CTL at the cpu preset, ``make bench``'s step): launches per step
-(minattn/tools/counting.py) 2,053 with this policy and 2,382 with the textbook one, the rest of the
-annex on but for grouped.py and slices.py, which need it; with those two, 1,755 against 2,382. CPU
-time per step (median of 5 runs alternating with the others on this shared 2-core machine, where
-runs vary by ~2%): 249.9 ms with the annex, 258.4 ms without this policy and the two files that need
-it (+3.4%). The sums run in another order than one by one, so the last bits may differ from the
-textbook path.
+The sums run in another order than one by one, so the last bits may differ from the textbook
+path.
 """
 import numpy as np
 

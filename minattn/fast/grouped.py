@@ -9,9 +9,7 @@ stacked inputs (4, not n + 2). On NumPy an operation is a function call, not a k
 concatenating costs more than it saves: there the ops below behave as their plain forms.
 
 Seam: each op here is a subclass of its plain form, registered with ``engine.register_faster``; the
-core asks ``faster(MatMul)`` etc. Measured with ``make bench`` (NDR on CTL, cpu preset, one run with
-and without): launches per step (minattn/tools/counting.py) 1,755 with, 1,843 without (``Outer`` 40,
-``ProductSum`` 48); CPU ms/step unchanged (not used on NumPy).
+core asks ``faster(MatMul, a)`` etc.
 """
 import numpy as np
 

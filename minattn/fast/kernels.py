@@ -1,27 +1,26 @@
 """Annex, GPU tier: the three hottest chains of NDR's step as CUDA kernels beside their NumPy
-definitions (issue 41 item 2, after ideas 1–3 of the GPU study the issue cites).
+definitions.
 
-    file                  chain (forward and backward)      seam (2 kernels each)
-    kernels_geometric.py  directional logits, Eqs. 9–10     faster(DirectionalLogits)
-                          geometric weights, Eq. 7          faster(GeometricWeights)
-    kernels_layer.py      LayerNorm (a warp per row)        faster(LayerNorm)
-                          residual + dropout + LayerNorm    faster(nn.residual_norm)  (the same 2)
-                          bias + ReLU + dropout             faster(nn.linear_relu_dropout)
-                          copy gate: bias, σ, dropout, mix  faster(nn.gated_mix)
+    file                  chain (2 kernels each)          seam
+    kernels_geometric.py  directional logits, Eqs. 9–10   faster(geometric.DirectionalLogits)
+                          geometric weights, Eq. 7        faster(geometric.GeometricWeights)
+    kernels_layer.py      LayerNorm (a warp per row)      faster(ops.LayerNorm)
+                          residual + dropout + LayerNorm  faster(CopyGateLayer.forward): all three
+                          bias + ReLU + dropout
+                          copy gate: bias, σ, dropout, mix
 
 Each kernel is a ``KernelFunction``: on CuPy (float32) its forward and backward launch the kernel;
-anywhere else they run its NumPy definition, the op the core already has (the class it subclasses,
-or the chain's plain form in minattn/nn.py). The definition is also the kernel's test oracle
-(tests/test_kernels.py, ``make gpu-check``'s ``kernels`` part). Dropout masks are drawn by the same
-``Dropout`` calls in the same order (``Dropout.draw``), so a run's random stream does not change. No
-kernel uses atomics (a sum is one thread's loop or one warp's butterfly, in a fixed order), so a GPU
-run stays deterministic and ``--resume`` bit-exact.
+anywhere else they run its NumPy definition, the op the annex already has (the class it subclasses,
+or the layer's own forward). The definition is also the kernel's test oracle (tests/test_kernels.py,
+``make gpu-check``'s ``kernels`` part). Dropout masks are drawn by the same ``Dropout`` calls in the
+same order (``Dropout.draw``), so a run's random stream does not change. No kernel uses atomics
+(a sum is one thread's loop or one warp's butterfly, in a fixed order), so a GPU run stays
+deterministic and ``--resume`` bit-exact.
 
-OFF BY DEFAULT: no GPU has measured them yet (issue 41: "keep a kernel only if its saving is
-measured on a GPU"). ``MINATTN_KERNELS=1`` in the environment (or ``switch(True)``) turns them on;
-MINATTN_PLAIN=1 turns them off with the rest of the annex. Measured saving: none yet (no GPU run).
-Counted: ``python -m minattn.tools.counting --kernels`` counts each kernel as one device operation;
-at 0d99e5d it gave 848 per NDR step at the cpu preset, against 1,870 without (the same counter).
+OFF BY DEFAULT: a kernel stays only if a GPU measures its saving (RESULTS.md). ``MINATTN_KERNELS=1``
+in the environment (or ``switch(True)``) turns them on; MINATTN_PLAIN=1 turns them off with the rest
+of the annex. ``python -m minattn.tools.counting --kernels`` counts each kernel as one device
+operation.
 """
 import contextlib
 import os

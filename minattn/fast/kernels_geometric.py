@@ -1,15 +1,13 @@
 """GPU tier (see kernels.py): geometric attention (NDR, Csordás et al. 2022, §3, Eqs. 7–10;
-docs/ndr.md §3) as kernels. The definitions are ``DirectionalLogits`` (Eqs. 9–10) and
-``GeometricWeights`` (Eq. 7 in log space) of minattn/attention/geometric.py; a kernel thread owns
-one (batch, head, query) row, so every sum is one thread's loop in a fixed order (no atomics).
-Measured saving: none yet (no GPU run). With fast/geometric.py, the annex's one file that knows a
-mechanism: it imports minattn/attention/geometric.py (tests/test_layout.py allows it by name).
+docs/ndr.md §3) as kernels. The definitions are the fused ops ``DirectionalLogits`` (Eqs. 9–10) and
+``GeometricWeights`` (Eq. 7 in log space) of fast/geometric.py; a kernel thread owns one (batch,
+head, query) row, so every sum is one thread's loop in a fixed order (no atomics).
 """
 import numpy as np
 
 from .. import functional as F
-from ..attention.geometric import DirectionalLogits, GeometricWeights
 from ..backend import array_module
+from .geometric import DirectionalLogits, GeometricWeights, GroupedDirectionalLogits
 from .grouped import ProductSum
 from .kernels import FORMS, KernelFunction, elementwise_source, kernel, launch_rows, raw_source
 
@@ -94,22 +92,11 @@ extern "C" __global__ void ndr_geometric_weights_backward(
 """)
 
 
-class DirectionalLogitsKernel(KernelFunction, DirectionalLogits):
+class DirectionalLogitsKernel(KernelFunction, GroupedDirectionalLogits):
     """Eqs. 9–10 as one kernel each way; equals ``DirectionalLogits`` (its definition): forward 5
     array operations → 1, backward 4 → 1. α's and β's gradients stay deferred ``ProductSum``s
-    (summed over the 14 applications at once, as fast/geometric.py does)."""
-    define = DirectionalLogits.forward
-
-    def define_backward(self, gz):
-        if type(gz) is np.ndarray:           # on NumPy the plain backward, as fast/geometric.py
-            return DirectionalLogits.backward(self, gz)
-        gbs = (gz[..., None, :] * self.sides).sum(axis=-1)
-        return (gz * self.alpha, gbs * self.beta) + self._scalars(gz, gbs)
-
-    def _scalars(self, gz, gbs):
-        """The gradients of α, β (deferred products) and γ."""
-        return (ProductSum(gz, self.qk, self.alpha.shape), ProductSum(gbs, self.s, self.beta.shape),
-                gbs)
+    (summed over the 14 applications at once, as ``GroupedDirectionalLogits`` does)."""
+    define, define_backward = DirectionalLogits.forward, GroupedDirectionalLogits.backward
 
     def launch(self, qk, s, alpha, beta, gamma):
         xp = array_module(qk)
@@ -124,7 +111,8 @@ class DirectionalLogitsKernel(KernelFunction, DirectionalLogits):
         rows = gz.size // T
         launch_rows(xp, LOGITS_BACKWARD, rows,
                     (gz, self.alpha, self.beta, gqk, gs, gbs, np.int32(rows), np.int32(T)))
-        return (gqk, gs) + self._scalars(gz, gbs)
+        return (gqk, gs, ProductSum(gz, self.qk, self.alpha.shape),
+                ProductSum(gbs, self.s, self.beta.shape), gbs)
 
 
 class GeometricWeightsKernel(KernelFunction, GeometricWeights):

@@ -1,22 +1,21 @@
-"""GPU tier (see kernels.py): the copy-gate layer's chains (NDR, docs/ndr.md §2; models/encoder.py
-``CopyGateLayer``) as kernels.
+"""GPU tier (see kernels.py): the copy-gate layer's chains (NDR, docs/ndr.md §2) as kernels, in
+``copy_gate_forward``, the kernel form of ``CopyGateLayer.forward`` (models/encoder.py: the layer's
+forward is its definition, line for line).
 
 * LayerNorm, and residual + dropout + LayerNorm (``a = LN(h + Drop(Attn(h)))``): one warp per row,
-  its sums butterfly shuffles in a fixed order; definitions ``GroupedLayerNorm`` (ops/fused.py) and
-  ``nn.residual_norm``. The weight and bias gradients stay the grouped ``ProductSum`` and the
-  engine's sum, as today.
-* The feed-forward's hidden layer, bias + ReLU + dropout: definition ``nn.linear_relu_dropout``.
-* The copy gate, bias + σ + gate dropout + h + g(u − h) (Eqs. 5–6): definition ``nn.gated_mix``.
+  its sums butterfly shuffles in a fixed order; definition ``GroupedLayerNorm`` (fast/grouped.py).
+  The weight and bias gradients stay the grouped ``ProductSum`` and the engine's sum.
+* The feed-forward's hidden layer, bias + ReLU + dropout.
+* The copy gate, bias + σ + gate dropout + h + g(u − h) (Eqs. 5–6).
 
 The matmuls stay cuBLAS calls (``F.matmul``); each kernel takes the product without its bias.
-Measured saving: none yet (no GPU run).
 """
 import numpy as np
 
 from .. import functional as F
-from .. import nn
 from ..backend import array_module
 from ..engine import Tensor
+from ..models.encoder import CopyGateLayer
 from ..ops.fused import LayerNorm
 from .grouped import GroupedLayerNorm, ProductSum
 from .kernels import FORMS, KernelFunction, elementwise_source, kernel, mode, raw_source
@@ -154,8 +153,9 @@ class LayerNormKernel(KernelFunction, GroupedLayerNorm):
 
 
 class ResidualNorm(LayerNormKernel):
-    """LN(h + x ⊙ mask) (``nn.residual_norm`` with the dropout's mask), inputs (x, h, weight, bias);
-    its definition is the dropout's multiply and the residual add before ``GroupedLayerNorm``."""
+    """LN(h + x ⊙ mask) (``norm_merge(h + drop_att(x))``, the dropout's mask drawn), inputs (x, h,
+    weight, bias); its definition is the dropout's multiply and the residual add before
+    ``GroupedLayerNorm``."""
 
     def __init__(self, mask, eps):
         super().__init__(eps)
@@ -175,13 +175,6 @@ class ResidualNorm(LayerNormKernel):
     def launch_backward(self, gy):
         gv, gx = self._grad(gy)
         return gx, gv, ProductSum(gy, self.xhat, self.weight.shape), gy
-
-
-def residual_norm(norm, h, dropout, x):
-    """Kernel form of ``nn.residual_norm``: the mask drawn as ``Dropout`` draws it, one kernel."""
-    if mode(x.data) is None:
-        return nn.residual_norm(norm, h, dropout, x)
-    return ResidualNorm(dropout.draw(x), norm.eps)(x, h, norm.weight, norm.bias)
 
 
 class BiasReluDropout(KernelFunction):
@@ -209,14 +202,6 @@ class BiasReluDropout(KernelFunction):
     def launch_backward(self, g):
         gy = kernel(FF_BACKWARD, array_module(g))(g, self.out, self.m)
         return gy, gy
-
-
-def linear_relu_dropout(x, w, b, dropout):
-    """Kernel form of ``nn.linear_relu_dropout``: the matmul (cuBLAS), then one kernel."""
-    if mode(x.data) is None:
-        return nn.linear_relu_dropout(x, w, b, dropout)
-    y = F.matmul(x, w)
-    return BiasReluDropout(dropout.draw(y))(y, b)
 
 
 class GateMix(KernelFunction):
@@ -254,14 +239,25 @@ class GateMix(KernelFunction):
         return gpre, gpre, gu.reshape(self.u_shape), gh.reshape(self.h_shape)
 
 
-def gated_mix(h, u, x, linear, dropout):
-    """Kernel form of ``nn.gated_mix``: the matmul (cuBLAS), then one kernel; the gate as data."""
+def copy_gate_forward(layer, h, key_mask=None):
+    """``CopyGateLayer.forward`` with its three chains as kernels (on CuPy float32; elsewhere the
+    layer's own forward). Each mask is drawn by the same ``Dropout``, in the same order."""
     if mode(h.data) is None:
-        return nn.gated_mix(h, u, x, linear, dropout)
-    pre = F.matmul(x, linear.weight)
-    fn = GateMix(dropout.draw(pre))
-    return fn(pre, linear.bias, u, h), Tensor(fn.g)
+        return CopyGateLayer.forward(layer, h, key_mask)
+    B, T, d = h.shape
+    x, norm = layer.attn(h, key_mask=key_mask), layer.norm_merge
+    a = ResidualNorm(layer.drop_att.draw(x), norm.eps)(x, h, norm.weight, norm.bias)
+    W1, b1 = layer.first_layers()
+    y = F.matmul(a.reshape(B * T, d), W1)
+    hidden = BiasReluDropout(layer.ff.dropout.draw(y))(y, b1)
+    f = layer.ff.fc2(hidden[:, :layer.ff.fc1.weight.shape[1]])
+    u = F.tanh(f) if layer.tanh_out else layer.norm_out(f)
+    pre = F.matmul(hidden[:, -d:], layer.gate.fc2.weight)
+    mix = GateMix(layer.gate_dropout.draw(pre))
+    h_next = mix(pre, layer.gate.fc2.bias, u, h)
+    if layer.record:
+        layer.last_gate = Tensor(mix.g)
+    return h_next
 
 
-FORMS.extend([(LayerNorm, LayerNormKernel), (nn.residual_norm, residual_norm),
-              (nn.linear_relu_dropout, linear_relu_dropout), (nn.gated_mix, gated_mix)])
+FORMS.extend([(LayerNorm, LayerNormKernel), (CopyGateLayer.forward, copy_gate_forward)])

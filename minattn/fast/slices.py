@@ -6,13 +6,7 @@ gy written into the slice; a tensor cut into n slices (q, k and v of a fused pro
 layer shared by a feed-forward and its gate) gets n such arrays, summed: 2n + 2 array operations and
 n passes over memory. Here the slice's gradient goes to the engine unevaluated (a ``Slices``, see
 fast/accumulate.py), and the engine fills one array for all n: the gradients side by side (one
-concatenate or stack) when the slices tile an axis, else one zeros array written into n times. This
-saves passes over memory on NumPy too.
-
-Measured with ``make bench`` (NDR on CTL, cpu preset, one run with and without): launches per step
-(minattn/tools/counting.py) 1,755 with, 1,965 without. CPU time per step (median of 5 runs
-alternating with the others on this shared 2-core machine, where runs vary by ~2%): 249.9 ms with,
-250.6 ms without: no measurable gain on NumPy, kept for its launches.
+concatenate or stack) when the slices tile an axis, else one zeros array written into n times.
 """
 import numpy as np
 

@@ -277,10 +277,10 @@ def resume_device(out_dir, given=None):
     return device
 
 
-def path_flags():
-    """Which path a run trains on, as its checkpoint records it: the textbook path (MINATTN_PLAIN=1)
-    and the GPU tier's kernels (MINATTN_KERNELS=1)."""
-    return {"plain": is_plain(), "kernels": kernels.is_on() and not is_plain()}
+def path_flags(device="cpu"):
+    """Which path a run on ``device`` trains on, as its checkpoint records it: the textbook path (the
+    CPU's, or forced by MINATTN_PLAIN=1/0) and the GPU tier's kernels (MINATTN_KERNELS=1)."""
+    return {"plain": is_plain(device), "kernels": kernels.is_on() and not is_plain(device)}
 
 
 def resume_check(cfg, out_dir):
@@ -301,7 +301,7 @@ def resume_check(cfg, out_dir):
         raise UsageError(f"checkpoint in {out_dir} was written by a different run (differs in: "
                          f"{', '.join(diff)}); nothing was overwritten")
     # absent before the path was recorded: not checked. The GPU tier's kernels act on the GPU only.
-    for key, now in path_flags().items():
+    for key, now in path_flags(cfg.device).items():
         if ckpt.get(key, now) != now and (key == "plain" or cfg.device == "gpu"):
             name, was = f"MINATTN_{key.upper()}", int(ckpt[key])
             raise UsageError(f"{out_dir} was trained with {name}={was} and this resume runs with "

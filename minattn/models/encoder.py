@@ -32,8 +32,6 @@ from ..attention.compositional import CompositionalAttention
 from ..attention.geometric import GeometricAttention
 from ..attention.multihead import MultiHeadAttention
 from ..attention.relative import RelativeMultiHeadAttention
-from ..engine import faster
-from ..nn import gated_mix, linear_relu_dropout, residual_norm
 from ..nn import (Dropout, Embedding, FeedForward, LayerNorm, Linear, Module, sinusoidal_positions,
                   xavier_uniform)
 
@@ -91,12 +89,10 @@ class CopyGateLayer(Module):
             self.ff = FeedForward(d, cfg.d_ff, cfg.dropout, rng, gain1=math.sqrt(2), gain2=5 / 3,
                                   xavier=True)
             self.norm_out = LayerNorm(d)
-        # The gate's hidden layer is dropped out together with the feed-forward's (self.ff.dropout,
-        # below).
+        # The gate's hidden layer is dropped out together with the feed-forward's (self.ff.dropout).
         self.gate = FeedForward(d, d, 0.0, rng, gain1=math.sqrt(2), gain2=1.0, xavier=True)
         self.gate.fc2.bias.data[:] = -3.0   # σ(−3) ≈ 0.047: start close to "copy the state"
-        # Gate dropout (the code's): closes the whole gate of a column for a step, without
-        # rescaling.
+        # Gate dropout (the code's): closes a column's whole gate for a step, without rescaling.
         self.gate_dropout = Dropout(cfg.gate_dropout, scale=False, shared_axes=(-1,))
         self.last_gate = None
 
@@ -107,22 +103,21 @@ class CopyGateLayer(Module):
 
     def forward(self, h, key_mask=None):
         B, T, d = h.shape
-        a = faster(residual_norm)(self.norm_merge, h, self.drop_att,
-                                  self.attn(h, key_mask=key_mask))
+        # The GPU tier (fast/kernels_layer.py) runs three chains here as one kernel each: the
+        # residual + dropout + LayerNorm (ResidualNorm), the bias + ReLU + dropout (BiasReluDropout),
+        # and the gate's bias, σ and dropout with the mix h + g(u − h) (GateMix).
+        a = self.norm_merge(h + self.drop_att(self.attn(h, key_mask=key_mask)))
         # FF(a) = W2 Drop(ReLU(W1 a + b1)) + b2 and the gate's FF_g(a) read the same a: their first
-        # layers are one matmul, one ReLU and one dropout over d_ff + d columns (on a GPU: launches
-        # once, not twice).
-        W1, b1 = self.once("first_layers", self.first_layers)
-        # (B·T, d_ff + d)
-        hidden = faster(linear_relu_dropout)(a.reshape(B * T, d), W1, b1, self.ff.dropout)
+        # layers are one matmul, one ReLU and one dropout over d_ff + d columns.
+        W1, b1 = self.first_layers()
+        hidden = self.ff.dropout(F.relu(F.linear(a.reshape(B * T, d), W1, b1)))   # (B·T, d_ff + d)
         f = self.ff.fc2(hidden[:, :self.ff.fc1.weight.shape[1]])
         u = F.tanh(f) if self.tanh_out else self.norm_out(f)
-        # g = Drop(σ(G2 · + c2)); h' = h + g ⊙ (u − h) = g ⊙ u + (1 − g) ⊙ h, using the
-        # pre-attention h
-        h_next, g = faster(gated_mix)(h, u, hidden[:, -d:], self.gate.fc2, self.gate_dropout)
+        g = self.gate_dropout(F.sigmoid(self.gate.fc2(hidden[:, -d:])))
+        u, g = u.reshape(B, T, d), g.reshape(B, T, d)
         if self.record:
             self.last_gate = g
-        return h_next
+        return h + g * (u - h)               # = g ⊙ u + (1 − g) ⊙ h, using the pre-attention h
 
 
 @dataclass
@@ -229,7 +224,7 @@ class UniversalEncoder(Module):
         evaluating = not self.training and self.cfg.n_steps_eval
         steps = n_steps or (self.cfg.n_steps_eval if evaluating else self.cfg.n_steps)
         self.layer.attn.record = self.layer.record = trace is not None
-        # one layer, applied `steps` times (minattn/fast/shared_layer.py)
+        # one layer, applied `steps` times: each dropout draws its `steps` masks at once
         with self.layer.repeated(steps):
             for _ in range(steps):
                 h = self.layer(h, key_mask=key_mask)

@@ -1,14 +1,15 @@
-"""Fused normalising ops, each beside its plain composed form (as nanoGPT keeps its flash and manual
-attention side by side): softmax, log_softmax, cross-entropy and layer norm.
+"""The normalising ops, each a primitive with its analytic backward beside its composed definition:
+softmax, log_softmax, cross-entropy and layer norm.
 
-A fused op is one node with a hand-written backward: fewer array operations and less memory than the
-graph of its composed form, and a max-subtraction for numerical stability. The composed form is the
-definition, written with ops so the engine derives its gradient; it is what runs on the textbook
-path (MINATTN_PLAIN=1, ``engine.plain()``), and the tests check that both agree and gradient-check
-both.
+Each is one node, on every path: the max-subtraction that keeps exp finite and the fully masked row
+(all −inf, zeros out, not NaN) are handled in one place, for numerical stability, and the graph is a
+few arrays instead of a dozen nodes (the design guide names exactly these). The composed form
+(``*_composed``) is the definition, written with ops so the engine derives its gradient; the tests
+check that both agree and gradient-check both. Only layer norm has a faster form in the annex
+(``faster(LayerNorm, x)``: fast/grouped.py, and the GPU tier's kernel).
 """
 from ..backend import array_module
-from ..engine import Function, Tensor, faster, is_plain
+from ..engine import Function, Tensor, faster
 from . import elementwise as E
 from . import reductions as R
 from .indexing import _checked_ids
@@ -53,9 +54,7 @@ def softmax_composed(x, axis=-1):
 
 
 def softmax(x, axis=-1):
-    if not is_plain():
-        return Softmax(axis)(x)
-    return softmax_composed(x, axis)
+    return Softmax(axis)(x)
 
 
 # --- log_softmax ----------------------------------------------------------------------------------
@@ -86,9 +85,7 @@ def log_softmax_composed(x, axis=-1):
 
 
 def log_softmax(x, axis=-1):
-    if not is_plain():
-        return LogSoftmax(axis)(x)
-    return log_softmax_composed(x, axis)
+    return LogSoftmax(axis)(x)
 
 
 # --- cross-entropy --------------------------------------------------------------------------------
@@ -144,9 +141,7 @@ def cross_entropy(logits, targets, ignore_index=None):
     if targets.shape != logits.shape[:-1]:
         raise ValueError(f"cross_entropy: targets shape {targets.shape} does not match logits "
                          f"{logits.shape[:-1]}")
-    if not is_plain():
-        return CrossEntropy(targets, ignore_index)(logits)
-    return cross_entropy_composed(logits, targets, ignore_index)
+    return CrossEntropy(targets, ignore_index)(logits)
 
 
 # --- layer norm -----------------------------------------------------------------------------------
@@ -188,6 +183,4 @@ def layer_norm_composed(x, weight, bias, eps=1e-5):
 
 def layer_norm(x, weight, bias, eps=1e-5):
     """LayerNorm over the last axis (Ba et al. 2016)."""
-    if not is_plain():
-        return faster(LayerNorm)(eps)(x, weight, bias)
-    return layer_norm_composed(x, weight, bias, eps)
+    return faster(LayerNorm, x)(eps)(x, weight, bias)

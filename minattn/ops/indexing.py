@@ -4,7 +4,7 @@ deterministic on every device, unlike a scatter-add with float atomics."""
 import numpy as np
 
 from ..backend import array_module, device_of, to_device
-from ..engine import Function, Tensor, faster, is_plain
+from ..engine import Function, Tensor, faster
 
 # ---------------------------------------------------------------------------------------------
 # Shape and indexing
@@ -60,7 +60,7 @@ class SplitHeads(Function):
     def forward(self, x):
         B, T, _ = x.shape
         columns = slice(self.start, self.start + self.n_head * self.d_head)
-        self.cut = faster(GetItem)((slice(None), slice(None), columns))
+        self.cut = faster(GetItem, x)((slice(None), slice(None), columns))
         return self.cut.forward(x).reshape(B, T, self.n_head, self.d_head).transpose(0, 2, 1, 3)
 
     def backward(self, gy):
@@ -224,7 +224,7 @@ def swapaxes(x, a, b):
 
 
 def getitem(x, index):
-    return faster(GetItem)(index)(x)
+    return faster(GetItem, x)(index)(x)
 
 
 def split_heads_composed(x, start, n_head, d_head):
@@ -234,9 +234,7 @@ def split_heads_composed(x, start, n_head, d_head):
 
 
 def split_heads(x, start, n_head, d_head):
-    if not is_plain():
-        return SplitHeads(start, n_head, d_head)(x)
-    return split_heads_composed(x, start, n_head, d_head)
+    return SplitHeads(start, n_head, d_head)(x)
 
 
 def merge_heads_composed(x):
@@ -246,9 +244,7 @@ def merge_heads_composed(x):
 
 
 def merge_heads(x):
-    if not is_plain():
-        return MergeHeads()(x)
-    return merge_heads_composed(x)
+    return MergeHeads()(x)
 
 
 def concat(xs, axis=0):

@@ -87,9 +87,9 @@ def build_twin(torch):
             """minattn's scan order (perm, inv) and mask j > i (``right``) for length T, as torch
             tensors."""
             if (T, device) not in self.consts:
-                _, perm, inv, right, _ = constants(T, np.zeros((), np.float32))
+                c = constants(T, np.zeros((), np.float32))
                 self.consts[T, device] = tuple(torch.as_tensor(a, device=device)
-                                               for a in (perm, inv, right))
+                                               for a in (c.perm, c.inv, c.right))
             return self.consts[T, device]
 
         def attention(self, x, key_mask):
