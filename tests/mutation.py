@@ -53,8 +53,8 @@ TESTS = {
     "minattn/gradcheck.py": ["tests/test_checker.py", "tests/test_gradcheck.py"],
     "minattn/data/": ["tests/test_ndr_data.py", "tests/test_seq2attn_data.py", "tests/test_abstractor_data.py"],
     # the core: its own tests first, then the two paths side by side (under the default environment the
-    # annex is on, so the textbook path runs only where a test asks for it: plain(), test_engine's fused vs
-    # composed, test_graph's "textbook" half and test_plain_vs_fast)
+    # textbook path runs on NumPy and the annex on the strict device, and both wherever a test asks for one:
+    # plain(), test_engine's fused vs composed, test_graph's two halves and test_plain_vs_fast)
     "minattn/engine.py": ["tests/test_engine.py", "tests/test_plain_env.py", "tests/test_gradient_paths.py",
                           "tests/test_graph.py"] + DEFS +
                           ["tests/test_gradcheck.py", "tests/test_nn_optim.py", "tests/test_plain_vs_fast.py"],

@@ -20,7 +20,7 @@ import json
 import numpy as np
 from minattn import backend, engine, optim
 from minattn.nn import Parameter
-from tests import strict  # noqa: F401  (registers the strict device)
+from minattn.tools import strict  # noqa: F401  (registers the strict device)
 
 built = []
 faster = engine.faster

@@ -216,7 +216,8 @@ def resolve(args):
 
     Returns the configuration and the settings given by 2–4, by name."""
     saved = {}
-    if args.resume and args.out and os.path.exists(os.path.join(args.out, CHECKPOINT)):   # else: resume's check
+    # (a directory without a checkpoint is left to the resume's own check: a live writer's lock, say)
+    if args.resume and args.out and os.path.exists(os.path.join(args.out, CHECKPOINT)):
         saved = resume_settings(args.out, args.task, args.model, args.preset)
     task, model, preset = (saved.pop(name, None) or getattr(args, name) or default
                            for name, default in (("task", "ctl"), ("model", "ndr"), ("preset", "cpu")))

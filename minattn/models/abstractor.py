@@ -220,18 +220,14 @@ def _transformer_seq2seq(n_tgt_tokens, n_classes, cfg, d_src=None, n_src_tokens=
 
 
 # The sorting models by name: the class (or function) that builds each from (n_tgt_tokens,
-# n_classes, cfg, ...), and the settings of AbstractorConfig it never reads (``ignores``: --set
-# refuses them).
+# n_classes, cfg, ...).
 SEQ2SEQ_MODELS = {
     "abstractor": dict(build=AbstractorSeq2Seq),
     # the ablation's relational cross-attention is plain cross-attention: no σ_rel, no W_q = W_k, no
     # RCA scale
-    "abstractor-ablation": dict(build=functools.partial(AbstractorSeq2Seq, ablation=True),
-                                ignores=("activation", "symmetric", "rca_scale")),
+    "abstractor-ablation": dict(build=functools.partial(AbstractorSeq2Seq, ablation=True)),
     # the Transformer reads the EncoderDecoderConfig fields only (_transformer_seq2seq)
-    "transformer-seq2seq": dict(build=_transformer_seq2seq, ignores=tuple(
-        f.name for f in dataclasses.fields(AbstractorConfig)
-        if f.name not in {g.name for g in dataclasses.fields(EncoderDecoderConfig)})),
+    "transformer-seq2seq": dict(build=_transformer_seq2seq),
 }
 
 

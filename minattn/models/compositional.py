@@ -92,11 +92,10 @@ def _compositional(score):
 MODELS = {
     "mha": dict(attention=lambda cfg, rng: CRTMultiHeadAttention(cfg.d_model,
                                                                 cfg.n_head or cfg.searches,
-                                                                concat=cfg.concat, rng=rng),
-                ignores=("separate",)),
-    "compositional": dict(attention=_compositional("dot"), ignores=("n_head",)),
+                                                                concat=cfg.concat, rng=rng)),
+    "compositional": dict(attention=_compositional("dot")),
     # the linear-score ablation
-    "compositional-mlp": dict(attention=_compositional("mlp"), ignores=("n_head",)),
+    "compositional-mlp": dict(attention=_compositional("mlp")),
 }
 
 

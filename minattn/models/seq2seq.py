@@ -9,7 +9,6 @@ are each d_model wide with biases (docs/abstractor.md §5: the parameter counts 
 modules come from ``Seq2SeqTransformer.attention``, so a variant (e.g. CoDA) swaps all three kinds
 (encoder self, decoder causal self, cross) by overriding one method.
 """
-import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -246,10 +245,8 @@ class CoDAEncoderDecoderConfig(CoDAConfig, EncoderDecoderConfig):
 
 
 # The token-input encoder–decoders by name (MLU): the class that builds each, the gate its training
-# log follows (``gate_mean``; as in models/encoder.py ``Architecture``), and the settings it never
-# reads (``ignores``).
+# log follows (``gate_mean``; as in models/encoder.py ``Architecture``).
 MODELS = {
-    "transformer-seq2seq": dict(build=Seq2SeqTransformer, gate=None,
-                                ignores=tuple(f.name for f in dataclasses.fields(CoDAConfig))),
+    "transformer-seq2seq": dict(build=Seq2SeqTransformer, gate=None),
     "transformer-seq2seq-coda": dict(build=CoDASeq2SeqTransformer, gate="coda"),
 }
