@@ -80,7 +80,7 @@ venv: $(VENV)/.installed
 # The first thing to run: seq2attn learns the lookup tables (paper Table 1) at the cpu preset, 100 epochs in
 # ~2-4 min on 2 cores, then --plot draws its learning curves and attention traces into $(DEMO)/plots. Run again,
 # it redraws (a finished run is not retrained; an interrupted one continues). DEMO_ARGS: more flags for
-# train.py (tests/test_demo.py shrinks the run with them). Without matplotlib it trains and skips the pictures.
+# train.py (tests/lab/test_demo.py shrinks the run with them). Without matplotlib it trains and skips the pictures.
 DEMO      ?= runs/demo
 DEMO_ARGS ?=
 DEMO_RUN  := --task lookup --model seq2attn --out $(DEMO) $(if $(wildcard $(DEMO)/checkpoint.npz),--resume)
@@ -105,8 +105,8 @@ test-slow: $(SETUP)
 
 # The update run fails by design (a run that rewrote its snapshots never passes); the plain run after it must pass.
 golden: $(SETUP)
-	-MINATTN_UPDATE_GOLDEN=1 MINATTN_REGEN_GOLDEN=1 $(PY) -m pytest -q tests/test_golden.py tests/test_split_checksums.py
-	$(PY) -m pytest -q tests/test_golden.py tests/test_split_checksums.py
+	-MINATTN_UPDATE_GOLDEN=1 MINATTN_REGEN_GOLDEN=1 $(PY) -m pytest -q tests/lab/test_golden_runs.py tests/papers/test_split_checksums.py
+	$(PY) -m pytest -q tests/lab/test_golden_runs.py tests/papers/test_split_checksums.py
 	git diff --stat -- tests/golden
 
 # Semantic mutants planted one at a time in a temporary copy of the tree (issue 31 item 5); ~13 min on 2 cores.

@@ -12,7 +12,7 @@ checks every entry separately instead (for debugging a failing op).
 
 Defaults: eps = 1e-6, rtol = 1e-4, atol = 1e-6. A direction fails when
 |numeric − analytic| > atol + rtol·|numeric|, or when either value is NaN or ±inf
-(tests/test_checker.py pins all of this: a gradient wrong by 1% fails at these tolerances).
+(tests/library/test_gradcheck_checker.py pins all of this: a gradient wrong by 1% fails at these tolerances).
 """
 import numpy as np
 

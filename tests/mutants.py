@@ -313,15 +313,15 @@ DEFINITIONS = [
     M("minattn/gradcheck.py", "break\n    for a in int_tensors", "continue\n    for a in int_tensors",
       "(equivalent) keep checking after a failure"),
     # --- the suite's own modes (tests/) ---------------------------------------------------------------------
-    M("tests/test_golden.py", "        pytest.fail(f\"MINATTN_UPDATE_GOLDEN=1", "        (lambda *a, **k: None)(f\"MINATTN_UPDATE_GOLDEN=1",
+    M("tests/lab/test_golden_runs.py", "        pytest.fail(f\"MINATTN_UPDATE_GOLDEN=1", "        (lambda *a, **k: None)(f\"MINATTN_UPDATE_GOLDEN=1",
       "update mode passes"),
-    M("tests/test_split_checksums.py", "        pytest.fail(f\"MINATTN_REGEN_GOLDEN=1", "        return (lambda *a, **k: None)(f\"MINATTN_REGEN_GOLDEN=1",
+    M("tests/papers/test_split_checksums.py", "        pytest.fail(f\"MINATTN_REGEN_GOLDEN=1", "        return (lambda *a, **k: None)(f\"MINATTN_REGEN_GOLDEN=1",
       "regen mode passes"),
 ]
 
 # Anchored to the core as rewritten by issue 33 (engine.py, ops/, nn.py, optim.py) and its speed annex
 # (fast/). A rule that exists twice, a fused or annex form beside its plain form, is planted in both: the
-# annex is proven equal to the plain path (tests/test_plain_vs_fast.py, tests/test_graph.py), so a bug in
+# annex is proven equal to the plain path (tests/library/test_plain_vs_fast.py, tests/library/test_random_graphs.py), so a bug in
 # either must die. A snippet that is gone is reported as an ERROR, never skipped.
 O, FA = "minattn/ops/", "minattn/fast/"
 CORE = [

@@ -4,8 +4,8 @@ The catalogue is tests/mutants.py. Each mutant is (file, the exact original snip
 it breaks). The script copies the working tree to a temporary directory once, then for each mutant: checks
 that the snippet occurs exactly once in the file (an anchor that is missing or ambiguous is an ERROR, so no
 mutant can silently vanish), writes the mutated file, runs the relevant tests with ``pytest -x -q`` (never
-tests/test_golden.py), and restores the file. A mutant that no test kills is then run against
-tests/test_golden.py alone, to count what only the 3-step snapshot catches. It prints each survivor and the
+tests/lab/test_golden_runs.py), and restores the file. A mutant that no test kills is then run against
+tests/lab/test_golden_runs.py alone, to count what only the 3-step snapshot catches. It prints each survivor and the
 share killed without and with the golden snapshot.
 
     .venv/bin/python tests/mutation.py                 # the whole catalogue (291 mutants, 13 min on 2 busy cores)
@@ -20,8 +20,8 @@ functional, the checker, data) and CORE (the textbook engine and its Accumulatio
 optim, and the speed annex fast/). Where a rule exists twice, a fused op beside its composed form, an annex
 form beside the plain one (grouped weight gradients, slice gradients, in-place/collected accumulation, the
 flat optimizer buffer and its clipping), a mutant is planted in each: the annex is on under the default
-environment, the plain path runs where tests ask for it (plain(), tests/test_plain_vs_fast.py,
-tests/test_graph.py, tests/test_engine.py's fused-vs-composed table), and most of the annex acts only off
+environment, the plain path runs where tests ask for it (plain(), tests/library/test_plain_vs_fast.py,
+tests/library/test_random_graphs.py, tests/library/test_engine.py's fused-vs-composed table), and most of the annex acts only off
 NumPy, which the strict test device is.
 
 Last full run (session 19, main at 331da79; 2 cores, other commands beside it): 290 of 290 counted mutants
@@ -43,35 +43,35 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # --- which tests each area runs (fast definition tests first: with -x a kill is usually a second) ----------
 DEFS = ["tests/library/test_definitions.py"] + [f"tests/papers/{p}/test_definitions.py"
                                                 for p in ("ndr", "coda", "abstractor", "compositional", "seq2attn")]
-GRAD = ["tests/test_gradient_paths.py", "tests/test_gradcheck.py"]
+GRAD = ["tests/library/test_gradient_paths.py", "tests/library/test_gradcheck.py"]
 TESTS = {
-    "minattn/attention/": DEFS + ["tests/test_ndr.py", "tests/test_abstractor.py", "tests/test_compositional.py",
-                                  "tests/test_seq2attn.py"] + GRAD + ["tests/test_coda.py", "tests/test_engine.py"],
-    "minattn/models/": DEFS + ["tests/test_abstractor.py", "tests/test_seq2attn.py", "tests/test_ndr.py",
-                               "tests/test_compositional.py"] + GRAD + ["tests/test_coda.py"],
-    "minattn/functional.py": DEFS + ["tests/test_engine.py", "tests/test_nn_optim.py"] + GRAD + ["tests/test_seq2attn.py"],
-    "minattn/gradcheck.py": ["tests/test_checker.py", "tests/test_gradcheck.py"],
-    "minattn/data/": ["tests/test_ndr_data.py", "tests/test_seq2attn_data.py", "tests/test_abstractor_data.py"],
+    "minattn/attention/": DEFS + ["tests/papers/ndr/test_mechanisms_and_models.py", "tests/papers/abstractor/test_mechanisms_and_models.py", "tests/papers/compositional/test_mechanism_models_and_task.py",
+                                  "tests/papers/seq2attn/test_mechanism_and_models.py"] + GRAD + ["tests/papers/coda/test_mechanism_models_and_task.py", "tests/library/test_engine.py"],
+    "minattn/models/": DEFS + ["tests/papers/abstractor/test_mechanisms_and_models.py", "tests/papers/seq2attn/test_mechanism_and_models.py", "tests/papers/ndr/test_mechanisms_and_models.py",
+                               "tests/papers/compositional/test_mechanism_models_and_task.py"] + GRAD + ["tests/papers/coda/test_mechanism_models_and_task.py"],
+    "minattn/functional.py": DEFS + ["tests/library/test_engine.py", "tests/library/test_nn_optim.py"] + GRAD + ["tests/papers/seq2attn/test_mechanism_and_models.py"],
+    "minattn/gradcheck.py": ["tests/library/test_gradcheck_checker.py", "tests/library/test_gradcheck.py"],
+    "minattn/data/": ["tests/papers/ndr/test_tasks.py", "tests/papers/seq2attn/test_tasks.py", "tests/papers/abstractor/test_tasks.py"],
     # the core: its own tests first, then the two paths side by side (under the default environment the
     # textbook path runs on NumPy and the annex on the strict device, and both wherever a test asks for one:
     # plain(), test_engine's fused vs composed, test_graph's two halves and test_plain_vs_fast)
-    "minattn/engine.py": ["tests/test_engine.py", "tests/test_plain_env.py", "tests/test_gradient_paths.py",
-                          "tests/test_graph.py"] + DEFS +
-                          ["tests/test_gradcheck.py", "tests/test_nn_optim.py", "tests/test_plain_vs_fast.py"],
-    "minattn/ops/": ["tests/test_gradient_paths.py", "tests/test_engine.py"] + DEFS +
-                    ["tests/test_gradcheck.py", "tests/test_graph.py", "tests/test_coda.py", "tests/test_plain_vs_fast.py"],
-    "minattn/nn.py": DEFS + ["tests/test_nn_optim.py", "tests/test_engine.py"] + GRAD + ["tests/test_plain_vs_fast.py"],
-    "minattn/optim.py": ["tests/test_nn_optim.py", "tests/test_launches.py", "tests/test_train.py",
-                         "tests/test_plain_vs_fast.py"],
+    "minattn/engine.py": ["tests/library/test_engine.py", "tests/library/test_plain_env.py", "tests/library/test_gradient_paths.py",
+                          "tests/library/test_random_graphs.py"] + DEFS +
+                          ["tests/library/test_gradcheck.py", "tests/library/test_nn_optim.py", "tests/library/test_plain_vs_fast.py"],
+    "minattn/ops/": ["tests/library/test_gradient_paths.py", "tests/library/test_engine.py"] + DEFS +
+                    ["tests/library/test_gradcheck.py", "tests/library/test_random_graphs.py", "tests/papers/coda/test_mechanism_models_and_task.py", "tests/library/test_plain_vs_fast.py"],
+    "minattn/nn.py": DEFS + ["tests/library/test_nn_optim.py", "tests/library/test_engine.py"] + GRAD + ["tests/library/test_plain_vs_fast.py"],
+    "minattn/optim.py": ["tests/library/test_nn_optim.py", "tests/library/test_launches.py", "tests/lab/test_train.py",
+                         "tests/library/test_plain_vs_fast.py"],
     # the annex: most of it acts off NumPy only, which the strict device of minattn/tools/strict.py is
-    "minattn/fast/flat.py": ["tests/test_launches.py", "tests/test_nn_optim.py", "tests/test_train.py",
-                             "tests/test_plain_vs_fast.py"],   # its own tests (strict device) come first
+    "minattn/fast/flat.py": ["tests/library/test_launches.py", "tests/library/test_nn_optim.py", "tests/lab/test_train.py",
+                             "tests/library/test_plain_vs_fast.py"],   # its own tests (strict device) come first
     # (value tests first, then test_launches, whose launch budgets also fail when a mutant adds or drops an
     # array operation, and its flat-buffer tests)
-    "minattn/fast/": ["tests/test_engine.py", "tests/test_gradient_paths.py", "tests/test_graph.py",
-                      "tests/test_nn_optim.py"] + DEFS + ["tests/test_gradcheck.py", "tests/test_launches.py",
-                                                          "tests/test_plain_vs_fast.py", "tests/test_train.py"],
-    "tests/": ["tests/test_golden_modes.py"],
+    "minattn/fast/": ["tests/library/test_engine.py", "tests/library/test_gradient_paths.py", "tests/library/test_random_graphs.py",
+                      "tests/library/test_nn_optim.py"] + DEFS + ["tests/library/test_gradcheck.py", "tests/library/test_launches.py",
+                                                          "tests/library/test_plain_vs_fast.py", "tests/lab/test_train.py"],
+    "tests/": ["tests/lab/test_golden_update.py"],
 }
 
 
@@ -97,7 +97,7 @@ def run_tests(tree, tests, timeout):
     env.pop("MINATTN_UPDATE_GOLDEN", None)
     env.pop("MINATTN_REGEN_GOLDEN", None)
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", "not slow and not gpu",
-           "--ignore=tests/test_golden.py"] + tests
+           "--ignore=tests/lab/test_golden_runs.py"] + tests
     try:
         r = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -200,7 +200,7 @@ def main(argv=None):
 def _golden(tree, timeout):
     env = dict(os.environ, PYTHONPATH=tree, OPENBLAS_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
     env.pop("MINATTN_UPDATE_GOLDEN", None)
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "tests/test_golden.py"]
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "tests/lab/test_golden_runs.py"]
     try:
         r = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, timeout=timeout)
     except subprocess.TimeoutExpired:

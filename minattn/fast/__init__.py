@@ -30,7 +30,7 @@ form, its kernel keeps the grouped weight gradients. kernels.py's header is its 
 saves is measured in RESULTS.md.
 
 The annex imports only the core, except the files that know NDR (geometric.py, kernels_geometric.py,
-kernels_layer.py). tests/test_plain_vs_fast.py shows that both paths are the same library. To delete
+kernels_layer.py). tests/library/test_plain_vs_fast.py shows that both paths are the same library. To delete
 this folder, also delete the one line of the library that imports it, ``from . import fast`` in
 minattn/__init__.py: the library then runs the plain forms. The other wings know the GPU tier by name
 (lab/settings.py records its switch in a checkpoint; tools/counting.py and tools/gpucheck.py count and

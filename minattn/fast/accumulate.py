@@ -8,7 +8,7 @@ operations:
 * On NumPy it adds in place into a buffer that it made for that same tensor (the first sum), never
   into an array it was handed: an op that passes its gradient through (add, reshape, broadcast...)
   gives one array to several inputs, and adding into it would corrupt the other input's gradient
-  (tests/test_graph.py). Ownership is keyed on the id() of the *tensor*, alive until backward
+  (tests/library/test_random_graphs.py). Ownership is keyed on the id() of the *tensor*, alive until backward
   returns. A leaf keeps such a buffer as its ``.grad`` without a copy.
 * Off NumPy (CuPy, where every array operation is a kernel launch of ~10 µs of host time) it
   collects a tensor's gradients and sums them when it reaches the tensor: two with one add, more

@@ -2,7 +2,7 @@
 forms are ``geometric_weights`` and ``directional_logits`` in minattn/attention/geometric.py).
 
 The one file of the annex that knows a mechanism (with its GPU kernels, kernels_geometric.py): every
-other file imports only the core (engine, ops, nn, optim), and tests/test_layout.py holds the annex to
+other file imports only the core (engine, ops, nn, optim), and tests/repo/test_layout.py holds the annex to
 that.
 
 * ``GeometricWeights``, Eq. 7 in log space as one op. With m = log(1 − σ(z)) = −softplus(z) and

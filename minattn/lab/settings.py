@@ -159,7 +159,7 @@ def parse_settings(items, task, model, allowed=None):
 # --- what --set refuses because the model would not read it ---------------------------------------
 
 # The settings of its config that a model never reads, by model: a --set of one would change nothing,
-# so it is refused (tests/test_ignored_settings.py holds this table to what the model code reads).
+# so it is refused (tests/lab/test_ignored_settings.py holds this table to what the model code reads).
 NO_GATE = ("gate_dropout",)                        # the post-LN layer has no copy gate to drop out
 NOT_COMPOSITIONAL = ("n_search", "n_retrieval")    # read by compositional attention only
 NO_ATTENTION_DROPOUT = ("attention_dropout",)      # as the official plain MHA (docs/ndr.md §4.1)

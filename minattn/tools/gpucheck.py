@@ -14,7 +14,7 @@ It runs, printing their output as they go, and then one summary line for each:
    would show here first;
 5. ``torch``:  where PyTorch is installed, NDR's training step at the paper's CTL shape against the same
    model in PyTorch eager on the same device (``python -m minattn.tools.torch_twin``), after
-   ``tests/test_torch_twin.py`` has checked that the two compute the same logits and gradients. Without
+   ``tests/tools/test_torch_twin.py`` has checked that the two compute the same logits and gradients. Without
    torch it passes as "skipped" (torch is no dependency of minattn).
 
 ``--window --out DIR`` is instead the one call for a lent GPU (docs/gpu.md): what the decision on
@@ -34,7 +34,7 @@ f. ``f-card.txt``: the card's run, ``train.py --task ctl --model ndr --device gp
    then SIGTERM: train.py saves its step, and a later window continues it (``--card-run`` that
    directory).
 
-``--device cpu`` runs every part on the CPU (tests/test_gpucheck.py, with smaller sizes).
+``--device cpu`` runs every part on the CPU (tests/tools/test_gpucheck.py, with smaller sizes).
 
 It needs a Python with numpy, cupy, tqdm and pytest and nothing else (no venv, no network): ``make
 gpu-check`` uses such a Python as it is. It runs ``train.py`` from the repository this package sits
@@ -149,7 +149,7 @@ def check_torch(device, opts):
         import torch  # noqa: F401
     except ImportError:
         return True, "skipped: PyTorch is not installed"
-    code, lines = _run([sys.executable, "-m", "pytest", "-q", "tests/test_torch_twin.py"])
+    code, lines = _run([sys.executable, "-m", "pytest", "-q", "tests/tools/test_torch_twin.py"])
     if code != 0:
         return False, "the torch twin does not match minattn: " + (lines[-1] if lines else "")
     code, lines = _run([sys.executable, "-m", "minattn.tools.torch_twin", "--device", device,

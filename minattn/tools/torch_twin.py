@@ -6,7 +6,7 @@ torch is not a dependency of minattn: this module is only run where torch is ins
 machines have it). ``TorchNDR`` computes what ``minattn.models.encoder.Classifier("ndr", ...)``
 computes, op for op (Csordás et al. 2022, §3 Eqs. 5–10: geometric attention in log space, the
 directional term, the copy gate), and ``TorchNDR.load(model)`` copies a minattn model's weights into
-it, so that ``tests/test_torch_twin.py`` can check that both give the same logits and gradients
+it, so that ``tests/tools/test_torch_twin.py`` can check that both give the same logits and gradients
 before any time is compared. Timing: one training step (forward, backward, gradient clipping, AdamW)
 on a fixed batch, the median of ``--repeat`` timings, minattn and torch in the same process on the
 same device.

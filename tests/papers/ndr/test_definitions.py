@@ -5,7 +5,7 @@ values and dropout sites, and the optimizer each NDR preset builds.
 
 Each equation test builds a module with random (float64) parameters, runs it on small random inputs and
 compares the output with the equation written out in plain NumPy (tests/defs_reference.py, loops where
-clearer). The golden runs (tests/test_golden.py) stay a regression net; no definition here rests on them.
+clearer). The golden runs (tests/lab/test_golden_runs.py) stay a regression net; no definition here rests on them.
 """
 
 import numpy as np

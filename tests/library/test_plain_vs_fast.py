@@ -1,0 +1,139 @@
+"""The textbook path and the annex are the same library.
+
+The textbook path (the CPU's by default; ``engine.plain()`` here) runs the core as written: out-of-place
+gradient sums, one parameter at a time, geometric attention's composed equations, nothing shared between
+the applications of a shared layer. With the annex (minattn/fast/; the default off NumPy, ``plain(False)``
+here) the arithmetic is regrouped and fused. Here both paths take one training step of every model of every
+recipe from the same weights, batch and random stream, and a 20-step NDR run on CTL; ``tests/library/test_random_graphs.py``
+does the same on random graphs. And on the CPU the default path never steps into the annex: what a debugger
+shows is the library as written.
+
+Tolerances: the one-step comparison runs in float64; every gradient and every updated weight agrees to
+1e-6 relative, per parameter, to the largest entry of that parameter (a parameter whose exact gradient is
+0, a bias a softmax ignores, is held to 1e-12 of the model's largest gradient entry instead: its gradient
+is rounding noise). The 20-step NDR run is float32, as trained; its losses agree to 1e-5.
+"""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import minattn
+import train
+from minattn import backend, optim
+from minattn import functional as F
+from minattn.engine import plain
+from minattn.models.encoder import Classifier, EncoderConfig
+from minattn.lab.recipes.base import optimizer
+
+CASES = [(recipe.tasks[0], model) for recipe in train.RECIPES for model in recipe.models]
+SETTINGS = {"mlu": {"train_size": 1000}}    # as the golden runs: a smaller training set, quicker to make
+_LOADED = {}                                 # task -> a recipe that has loaded it (sort and mlu take seconds)
+
+
+def _recipe(task, model_name):
+    cfg = train.make_config(task, model_name, "cpu", batch_size=4, seed=0, **SETTINGS.get(task, {}))
+    recipe = train.recipe_for(task)(cfg)
+    if task not in _LOADED:
+        recipe.load_task()
+        _LOADED[task] = recipe
+    else:   # the task's data, loaded once for all its models (what load_task sets, the config aside)
+        recipe.__dict__.update({k: v for k, v in vars(_LOADED[task]).items() if k != "cfg"})
+    return recipe
+
+
+def one_step(task, model_name, textbook):
+    """(loss, {name: gradient}, {name: weight after the step}) of one training step at the cpu preset, in
+    float64 (so that the comparison sees the algebra, not float32 rounding; the 20-step run below is float32)."""
+    recipe = _recipe(task, model_name)
+    cfg = recipe.cfg
+    with plain(textbook):
+        model = recipe.build_model().double()
+        batch = next(recipe.batches(np.random.default_rng([cfg.seed, 1])))
+        opt = optimizer(cfg, model.parameters())
+        model.train()
+        model.set_rng(backend.RNG(cfg.seed, "cpu").reseed(0))
+        loss = recipe.loss(model, batch)[0]
+        loss.backward()
+        grads = {n: p.grad.copy() for n, p in model.named_parameters() if p.grad is not None}
+        if cfg.grad_clip:
+            optim.clip_grad_norm(model.parameters(), cfg.grad_clip)
+        opt.step()
+        return float(loss.data), grads, {n: p.data.copy() for n, p in model.named_parameters()}
+
+
+def _close(name, a, b, scale, rtol):
+    atol = max(rtol * float(np.abs(b).max(initial=0)), 1e-12 * scale)
+    np.testing.assert_allclose(a, b, rtol=0, atol=atol, err_msg=name)
+
+
+@pytest.mark.parametrize("task,model", CASES, ids=[f"{t}-{m}" for t, m in CASES])
+def test_one_training_step_is_the_same_on_both_paths(task, model):
+    loss_p, grads_p, weights_p = one_step(task, model, textbook=True)
+    loss_f, grads_f, weights_f = one_step(task, model, textbook=False)
+    assert loss_p == pytest.approx(loss_f, rel=1e-6)
+    assert sorted(grads_p) == sorted(grads_f)
+    scale = max(float(np.abs(g).max()) for g in grads_f.values())
+    for name in grads_f:
+        _close(f"gradient of {name}", grads_p[name], grads_f[name], scale, 1e-6)
+    for name in weights_f:
+        _close(f"updated {name}", weights_p[name], weights_f[name], 1.0, 1e-6)
+
+
+def _losses(textbook, tmp_path, monkeypatch):
+    fam, losses = train.recipe_for("ctl"), []
+    real_loss = fam.loss
+
+    def loss(self, m, batch):
+        out = real_loss(self, m, batch)
+        losses.append(float(out[0].data))
+        return out
+    with monkeypatch.context() as mp, plain(textbook):
+        mp.setattr(fam, "loss", loss)
+        mp.setattr(fam, "evaluate", lambda self, m: {})
+        cfg = train.make_config("ctl", "ndr", "cpu", seed=0, steps=20, batch_size=8, eval_every=20)
+        train.train(cfg, str(tmp_path / ("plain" if textbook else "fast")), progress=False)
+    return losses
+
+
+def test_twenty_ndr_steps_on_ctl_give_the_same_losses(tmp_path, monkeypatch):
+    plain_losses, fast_losses = _losses(True, tmp_path, monkeypatch), _losses(False, tmp_path, monkeypatch)
+    assert len(fast_losses) == 20
+    np.testing.assert_allclose(plain_losses, fast_losses, rtol=1e-5)
+
+
+ANNEX = os.path.join(os.path.dirname(os.path.abspath(minattn.__file__)), "fast") + os.sep
+
+
+def ndr_step_entering(path):
+    """One forward and backward of a small NDR classifier in float64 under ``plain(path)`` (None: the
+    default, by device): the (file, function) pairs of minattn/fast/ it entered, traced with sys.setprofile
+    as a debugger would step, with its loss and gradients."""
+    model = Classifier("ndr", 5, 3, EncoderConfig(d_model=16, n_head=2, d_ff=32, n_steps=3)).double()
+    model.set_rng(backend.RNG(0, "cpu"))
+    entered = set()
+
+    def trace(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(ANNEX):
+            entered.add((os.path.basename(frame.f_code.co_filename), frame.f_code.co_name))
+    with plain(path):
+        sys.setprofile(trace)
+        try:
+            logits = model(np.array([[6, 1, 2, 5], [6, 3, 5, 0]]), np.array([4, 3]))
+            loss = F.cross_entropy(logits, np.array([0, 2]))
+            loss.backward()
+        finally:
+            sys.setprofile(None)
+    return entered, float(loss.data), {n: p.grad for n, p in model.named_parameters()}
+
+
+def test_on_the_cpu_the_default_path_never_enters_the_annex():
+    default, loss, grads = ndr_step_entering(None)
+    assert not default, sorted(default)
+    annex, annex_loss, annex_grads = ndr_step_entering(False)        # MINATTN_PLAIN=0's path
+    files = {f for f, _ in annex}
+    assert {"accumulate.py", "geometric.py", "shared_layer.py", "slices.py"} <= files, sorted(annex)
+    assert loss == pytest.approx(annex_loss, rel=1e-12)
+    for name, g in grads.items():
+        np.testing.assert_allclose(g, annex_grads[name], rtol=1e-9, atol=1e-12 * np.abs(g).max(), err_msg=name)
