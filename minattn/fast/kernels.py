@@ -12,8 +12,9 @@ definitions.
 Each kernel is a ``KernelFunction``: on CuPy (float32) its forward and backward launch the kernel;
 anywhere else they run its NumPy definition, the op the annex already has (the class it subclasses,
 or the layer's own forward). The definition is also the kernel's test oracle
-(tests/library/test_gpu_kernels.py, ``make gpu-check``'s ``kernels`` part). Dropout masks are drawn by the same ``Dropout`` calls in the
-same order (``Dropout.draw``), so a run's random stream does not change. No kernel uses atomics
+(tests/library/test_gpu_kernels.py, ``make gpu-check``'s ``kernels`` part). Dropout masks are drawn
+by the same ``Dropout`` calls in the same order (``Dropout.draw``), so a run's random stream does not
+change. No kernel uses atomics
 (a sum is one thread's loop or one warp's butterfly, in a fixed order), so a GPU run stays
 deterministic and ``--resume`` bit-exact.
 
