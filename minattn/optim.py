@@ -70,6 +70,8 @@ class SGD(Optimizer):
 
     def __init__(self, params, lr=1e-2, momentum=0.0):
         super().__init__(params, lr)
+        # μ > 1 makes the velocity grow without bound, and PyTorch refuses a negative one
+        _check(type(self), "momentum", momentum, 0 <= momentum <= 1, "a number in [0, 1]")
         self.momentum = momentum
 
     def update(self, p, g, s):

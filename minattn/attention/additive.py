@@ -41,9 +41,10 @@ class AdditiveAttention(Module):
         if temperature not in TEMPERATURES:
             raise ValueError(f"unknown temperature mode {temperature!r}; valid: "
                              f"{', '.join(TEMPERATURES)}")
-        if not (tau_init > 0 and tau_max > 0):
-            raise ValueError(f"temperatures must be positive, got tau_init={tau_init}, "
-                             f"tau_max={tau_max}")
+        tiny = np.finfo(backend.DEFAULT_DTYPE).tiny   # 1/τ must be a finite float32: τ positive and normal
+        if not (tiny <= tau_init < math.inf and tiny <= tau_max < math.inf):
+            raise ValueError(f"temperatures must be positive normal numbers (≥ {tiny:.3g}), got "
+                             f"tau_init={tau_init}, tau_max={tau_max}")
         rng = rng or np.random.default_rng(0)
         bound = 1 / math.sqrt(d_key + d_query)  # PyTorch's Linear(d_key + d_query, d_hidden) init
         self.w1_key = Parameter(uniform(rng, (d_key, d_hidden), bound))      # W1 = [W1_k ; W1_q]

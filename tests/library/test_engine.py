@@ -1,4 +1,5 @@
 """Engine behaviour: graph shapes, lifetime, grad modes, aliasing, numerical stability, Gumbel."""
+import re
 import weakref
 
 import numpy as np
@@ -42,6 +43,15 @@ def test_long_chain_has_no_recursion_limit():
         y = y * 1.0001
     y.sum().backward()
     np.testing.assert_allclose(x.grad, [1.0001 ** 10_000], rtol=1e-9)
+
+
+@pytest.mark.parametrize("seed,said", [(np.ones(3), "float64 (3,)"), (np.ones(2, np.float32), "float32 (2,)")])
+def test_a_seed_of_another_dtype_or_shape_is_named_as_the_seed(seed, said):
+    """A float64 seed on a float32 graph is the caller's mistake: named as the seed, not as an op's
+    backward returning float64 deep in the graph."""
+    x = Tensor(np.ones(3, np.float32), requires_grad=True)
+    with pytest.raises(ValueError, match=rf"backward: the seed grad is {re.escape(said)}, the tensor float32 \(3,\)"):
+        (x * 2).backward(seed)
 
 
 def test_graph_and_saved_arrays_are_freed_after_backward():
