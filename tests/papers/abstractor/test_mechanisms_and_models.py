@@ -10,12 +10,12 @@ import math
 import numpy as np
 import pytest
 
-import train
 from minattn import backend, optim
 from minattn import functional as F
 from minattn.attention.multihead import MultiHeadAttention
 from minattn.attention.relational import PositionRelativeRCA, RelationalCrossAttention, SimplifiedRCA
 from minattn.engine import Tensor, eval_mode, no_grad
+from minattn.lab.settings import make_config
 from minattn.models.abstractor import (AbstractorConfig, AbstractorLayer, AbstractorSeq2Seq, PositionalSymbols,
                                        RelationalClassifier, SimplifiedConfig, SymbolicAttention, build_seq2seq)
 from minattn.models.seq2seq import (DecoderLayer, EncoderDecoderConfig, EncoderLayer, FeedForwardBlock,
@@ -196,7 +196,7 @@ def test_block_parameter_counts():
 @pytest.mark.parametrize("preset", ["paper", "cpu"])
 def test_sorting_model_parameter_counts(name, count, preset):
     """The models train.py builds for `--task sort` have the paper's sizes."""
-    cfg = train.make_config("sort", name, preset).model_config
+    cfg = make_config("sort", name, preset).model_config
     assert build_seq2seq(name, 11, 10, cfg, d_src=12).num_parameters() == count
 
 
@@ -204,8 +204,8 @@ def test_simple_and_simplified_parameter_counts():
     simple = AbstractorConfig(architecture="a", n_head=4, n_abstractor_layers=1, n_decoder_layers=1,
                               symbol_self_attention=False, rca_residual=False, add_pe=False)
     assert AbstractorSeq2Seq(11, 10, simple, d_src=12).num_parameters() == 219_082
-    pairwise = train.make_config("pairwise", "abstractor-simplified").model_config
-    set_cfg = train.make_config("set", "abstractor-simplified").model_config
+    pairwise = make_config("pairwise", "abstractor-simplified").model_config
+    set_cfg = make_config("set", "abstractor-simplified").model_config
     assert RelationalClassifier(32, 2, 1, pairwise).num_parameters() == 27_201
     assert RelationalClassifier(64, 3, 2, set_cfg).num_parameters() == 29_762
     assert RelationalClassifier(12, 3, 2, set_cfg).num_parameters() == 26_434
@@ -382,7 +382,7 @@ _SET = {"srca.w_qk": (0.21651, 0.27386), "srca.w_p": (0.27386, 0.27386), "ff.wei
 
 def _init_case(case, init):
     task, model = case.split("/")
-    cfg = dataclasses.replace(train.make_config(task, model, "cpu").model_config, init=init)
+    cfg = dataclasses.replace(make_config(task, model, "cpu").model_config, init=init)
     if task == "sort":
         return build_seq2seq(model, 11, 10, cfg, d_src=12, seed=3), _SORT
     if task == "pairwise":
@@ -430,7 +430,7 @@ def test_keras_bounds_are_keras_glorot_fans():
 def test_default_init_is_the_same_draw_as_before():
     """"default" is what the models drew before the option existed: spelling it out changes nothing, and the
     first kernel drawn matches a hand-made draw from the same generator (the golden runs check the rest)."""
-    cfg = train.make_config("sort", "abstractor", "cpu").model_config
+    cfg = make_config("sort", "abstractor", "cpu").model_config
     a = build_seq2seq("abstractor", 11, 10, cfg, d_src=12, seed=5).state_dict()
     b = build_seq2seq("abstractor", 11, 10, dataclasses.replace(cfg, init="default"), d_src=12, seed=5).state_dict()
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
