@@ -9,8 +9,8 @@ differ at test time). Two layer types:
   gate per column and channel decides whether the column is updated or simply copies its state to
   the next step:
       a  = LN(h + Drop(Attn(h)))
-      u  = LN(W2 Drop(ReLU(W1 a)))          (NDR)   or  tanh(...) (gated baselines)
-      g  = σ(G2 Drop(ReLU(G1 a)) + c2),     c2 initialised to −3, so layers start near "copy"
+      u  = LN(W2 Drop(ReLU(W1 a + b1)) + b2)        (NDR)   or  tanh(...) (gated baselines)
+      g  = σ(G2 Drop(ReLU(G1 a + c1)) + c2),        c2 initialised to −3: layers start near "copy"
       h' = g ⊙ u + (1 − g) ⊙ h                                                     (Eqs. 5–6)
   Gate dropout (code only) zeroes the whole gate of a column for a step: that column copies.
 
