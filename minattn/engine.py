@@ -158,9 +158,8 @@ class Tensor:
             raise RuntimeError("backward() on a tensor that does not require grad "
                                "(was it computed under no_grad(), or from constants only?)")
         grad = backend.array_module(self.data).ones_like(self.data) if grad is None else _data(grad)
-        if grad.shape != self.shape or grad.dtype != self.data.dtype:   # the seed, named before any op is
-            raise ValueError(f"backward: the seed grad is {grad.dtype} {grad.shape}, the tensor "
-                             f"{self.data.dtype} {self.shape}")
+        if grad.shape != self.shape or grad.dtype != self.data.dtype:   # named here, not in an op
+            raise ValueError(f"backward: seed {grad.dtype}{grad.shape}, tensor {self.data.dtype}{self.shape}")
         nodes = topological_order(self)
         acc = faster(Accumulation, self)()
         self._g = grad

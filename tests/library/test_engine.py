@@ -45,12 +45,12 @@ def test_long_chain_has_no_recursion_limit():
     np.testing.assert_allclose(x.grad, [1.0001 ** 10_000], rtol=1e-9)
 
 
-@pytest.mark.parametrize("seed,said", [(np.ones(3), "float64 (3,)"), (np.ones(2, np.float32), "float32 (2,)")])
+@pytest.mark.parametrize("seed,said", [(np.ones(3), "float64(3,)"), (np.ones(2, np.float32), "float32(2,)")])
 def test_a_seed_of_another_dtype_or_shape_is_named_as_the_seed(seed, said):
     """A float64 seed on a float32 graph is the caller's mistake: named as the seed, not as an op's
     backward returning float64 deep in the graph."""
     x = Tensor(np.ones(3, np.float32), requires_grad=True)
-    with pytest.raises(ValueError, match=rf"backward: the seed grad is {re.escape(said)}, the tensor float32 \(3,\)"):
+    with pytest.raises(ValueError, match=rf"backward: seed {re.escape(said)}, tensor float32\(3,\)$"):
         (x * 2).backward(seed)
 
 
