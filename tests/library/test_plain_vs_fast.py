@@ -5,9 +5,9 @@ gradient sums, one parameter at a time, geometric attention's composed equations
 the applications of a shared layer. With the annex (minattn/fast/; the default off NumPy, ``plain(False)``
 here) the arithmetic is regrouped and fused. Here both paths take one training step of every model of every
 recipe from the same weights, batch and random stream, and a 20-step NDR run on CTL; ``tests/library/test_random_graphs.py``
-does the same on random graphs. Each fused form and GPU kernel form is also held to its textbook form alone, in
-training with dropout, training with dropout 0 and evaluation. And on the CPU the default path never steps into the annex: what a debugger
-shows is the library as written.
+does the same on random graphs. Each fused form and GPU kernel form is also held to its textbook form alone,
+in training with dropout, training with dropout 0 and evaluation. And on the CPU the default path never steps
+into the annex: what a debugger shows is the library as written.
 
 Tolerances: the one-step comparison runs in float64; every gradient and every updated weight agrees to
 1e-6 relative, per parameter, to the largest entry of that parameter (a parameter whose exact gradient is
