@@ -8,16 +8,19 @@ forward is its definition, line for line).
 * The feed-forward's hidden layer, bias + ReLU + dropout.
 * The copy gate, bias + σ + gate dropout + h + g(u − h) (Eqs. 5–6).
 
-The matmuls stay cuBLAS calls (``F.matmul``); each kernel takes the product without its bias.
+The matmuls stay cuBLAS calls; each kernel takes the product without its bias. The two second
+layers are one product on all of the hidden layer (``SecondLayers``): no column slice of it is
+copied for cuBLAS.
 """
 import numpy as np
 
 from .. import functional as F
 from ..backend import array_module
-from ..engine import Tensor
+from ..engine import Function, Tensor
 from ..models.encoder import CopyGateLayer
 from ..ops.fused import LayerNorm
-from .grouped import GroupedLayerNorm, ProductSum
+from ..ops.matmul import _mm
+from .grouped import GroupedLayerNorm, Outer, ProductSum
 from .kernels import FORMS, KernelFunction, elementwise_source, kernel, mode, raw_source
 
 _WARP_SUM = r"""
@@ -239,6 +242,38 @@ class GateMix(KernelFunction):
         return gpre, gpre, gu.reshape(self.u_shape), gh.reshape(self.h_shape)
 
 
+class SecondLayers(Function):
+    """[f | pre] = hidden [W2 0; 0 G2] for hidden (B·T, d_ff + d), the feed-forward's and the
+    gate's hidden layers side by side: both second layers (biases aside) as one product, hidden's
+    gradient as one. W2's and G2's are their blocks of hiddenᵀ g, deferred (``GroupedMatMul``'s)."""
+
+    def __init__(self, both):
+        self.both = both
+
+    def forward(self, hidden, W2, G2):
+        self.hidden, self.w2_shape = hidden, W2.shape
+        return _mm(hidden, self.both)
+
+    def backward(self, g):
+        (m, n), hidden = self.w2_shape, self.hidden
+        return _mm(g, self.both.T), Outer(hidden[:, :m], g[:, :n]), Outer(hidden[:, m:], g[:, n:])
+
+
+_BOTH = {}
+
+
+def both_second_layers(layer, W1):
+    """[W2 0; 0 G2], made once per pass: inside ``Module.repeated`` (fast/shared_layer.py) every
+    application gets the same ``W1`` from ``first_layers``, and no weight changes within a pass."""
+    if _BOTH.get("W1") is not W1:
+        W2, G2 = layer.ff.fc2.weight.data, layer.gate.fc2.weight.data
+        (m, n), (k, l) = W2.shape, G2.shape
+        both = array_module(W2).zeros((m + k, n + l), W2.dtype)
+        both[:m, :n], both[m:, n:] = W2, G2
+        _BOTH.update(W1=W1, both=both)
+    return _BOTH["both"]
+
+
 def copy_gate_forward(layer, h, key_mask=None):
     """``CopyGateLayer.forward`` with its three chains as kernels (on CuPy float32; elsewhere the
     layer's own forward). Each mask is drawn by the same ``Dropout``, in the same order."""
@@ -250,9 +285,11 @@ def copy_gate_forward(layer, h, key_mask=None):
     W1, b1 = layer.first_layers()
     y = F.matmul(a.reshape(B * T, d), W1)
     hidden = BiasReluDropout(layer.ff.dropout.draw(y))(y, b1)
-    f = layer.ff.fc2(hidden[:, :layer.ff.fc1.weight.shape[1]])
+    W2, G2 = layer.ff.fc2.weight, layer.gate.fc2.weight
+    second = SecondLayers(both_second_layers(layer, W1))(hidden, W2, G2)     # [f − b2 | pre]
+    f = second[:, :d] + layer.ff.fc2.bias
     u = F.tanh(f) if layer.tanh_out else layer.norm_out(f)
-    pre = F.matmul(hidden[:, -d:], layer.gate.fc2.weight)
+    pre = second[:, d:]
     mix = GateMix(layer.gate_dropout.draw(pre))
     h_next = mix(pre, layer.gate.fc2.bias, u, h)
     if layer.record:

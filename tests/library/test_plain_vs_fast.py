@@ -5,14 +5,16 @@ gradient sums, one parameter at a time, geometric attention's composed equations
 the applications of a shared layer. With the annex (minattn/fast/; the default off NumPy, ``plain(False)``
 here) the arithmetic is regrouped and fused. Here both paths take one training step of every model of every
 recipe from the same weights, batch and random stream, and a 20-step NDR run on CTL; ``tests/library/test_random_graphs.py``
-does the same on random graphs. And on the CPU the default path never steps into the annex: what a debugger
-shows is the library as written.
+does the same on random graphs. Each fused form and GPU kernel form is also held to its textbook form alone,
+in training with dropout, training with dropout 0 and evaluation. And on the CPU the default path never steps
+into the annex: what a debugger shows is the library as written.
 
 Tolerances: the one-step comparison runs in float64; every gradient and every updated weight agrees to
 1e-6 relative, per parameter, to the largest entry of that parameter (a parameter whose exact gradient is
 0, a bias a softmax ignores, is held to 1e-12 of the model's largest gradient entry instead: its gradient
 is rounding noise). The 20-step NDR run is float32, as trained; its losses agree to 1e-5.
 """
+import contextlib
 import os
 import sys
 
@@ -21,9 +23,9 @@ import pytest
 
 import minattn
 import train
-from minattn import backend, optim
+from minattn import backend, nn, optim
 from minattn import functional as F
-from minattn.engine import plain
+from minattn.engine import Tensor, eval_mode, faster, plain
 from minattn.models.encoder import Classifier, EncoderConfig
 from minattn.lab.recipes.base import optimizer
 
@@ -137,3 +139,88 @@ def test_on_the_cpu_the_default_path_never_enters_the_annex():
     assert loss == pytest.approx(annex_loss, rel=1e-12)
     for name, g in grads.items():
         np.testing.assert_allclose(g, annex_grads[name], rtol=1e-9, atol=1e-12 * np.abs(g).max(), err_msg=name)
+
+
+# --- every fused form and kernel form against its plain definition, in every mode ------------------------
+
+MODES = {"train, dropout": (0.3, True), "train, dropout 0": (0.0, True), "eval": (0.3, False)}
+
+
+def _form_case(case, dropout, dtype):
+    """fn(*tensors) and its inputs (host arrays or Modules) for one form: geometric attention's two
+    equations, LayerNorm, and the copy-gate layer (NDR's, or the "+ gate" baselines' with tanh) applied
+    twice as a shared layer, with padding and every dropout at ``dropout``."""
+    from minattn.attention import geometric as G
+    from minattn.models.encoder import CopyGateLayer
+    B, H, T, d, r = 3, 2, 7, 40, np.random.default_rng(0)
+    key_mask = np.arange(T)[None] < np.array([T, T - 2, 1])[:, None]
+    right = np.arange(T)[None, :] > np.arange(T)[:, None]
+
+    def normal(*shape):
+        return r.standard_normal(shape).astype(dtype)
+    if case == "directional logits":
+        return lambda q, s, a: faster(G.directional_logits, q)(q, s, a[:1], a[1:2], a[2:], right), [
+            normal(B, H, T, T), normal(B, H, T, 2), normal(3)]
+    if case == "geometric weights":
+        return lambda z: G.geometric_attention_weights(z, key_mask), [3 * normal(B, H, T, T)]
+    if case == "layer norm":
+        return lambda x, w, b: F.layer_norm(x, w, b), [normal(B, T, d), 1 + 0.1 * normal(d), normal(d)]
+    cfg = EncoderConfig(d_model=d, n_head=H, d_ff=2 * d, dropout=dropout, gate_dropout=dropout / 2)
+    weights = np.random.default_rng(1)
+    layer = CopyGateLayer(G.GeometricAttention(d, H, dropout / 3, rng=weights), cfg, weights,
+                          tanh_out=case == "gated layer (tanh)")
+    layer.set_rng(backend.RNG(7, "cpu"))
+
+    def twice(h, m):
+        with m.repeated(2):
+            return m(m(h, key_mask=key_mask), key_mask=key_mask)
+    return twice, [normal(B, T, d), layer.to("cpu", dtype)]
+
+
+def _form_run(case, mode, dtype):
+    """The form's output and every input's (and parameter's) gradient, as host arrays."""
+    dropout, training = MODES[mode]
+    fn, inputs = _form_case(case, dropout, dtype)
+    ins = [a if isinstance(a, nn.Module) else Tensor(a, requires_grad=True) for a in inputs]
+    with (contextlib.nullcontext() if training else eval_mode()):
+        y = fn(*ins)
+    y.backward(np.random.default_rng(2).standard_normal(y.shape).astype(dtype))
+    out = {"forward": y.data}
+    for i, t in enumerate(ins):
+        params = t.named_parameters() if isinstance(t, nn.Module) else [("", t)]
+        out.update({f"grad {i}.{n}": p.grad for n, p in params})
+    return out
+
+
+FORMS = ["directional logits", "geometric weights", "layer norm", "NDR layer", "gated layer (tanh)"]
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("case", FORMS)
+def test_every_fused_and_kernel_form_equals_its_plain_definition(case, mode, monkeypatch):
+    """The textbook form against: the annex's fused and grouped forms (float64); the GPU tier's kernel
+    forms running their NumPy definitions, as on the counting device (float64); and their launch code with
+    the kernels' NumPy transcriptions (tests/library/test_gpu_kernels.py's emulations; float32)."""
+    from minattn.fast import kernels
+    from minattn.tools import gpucheck
+    from tests.library.test_gpu_kernels import emulate
+    with plain(True):
+        ref = _form_run(case, mode, np.float64)
+    with plain(False):
+        with kernels.switched(False):
+            annex, annex32 = _form_run(case, mode, np.float64), _form_run(case, mode, np.float32)
+        with kernels.switched(True), monkeypatch.context() as mp:
+            mp.setitem(kernels._ONE_LAUNCH, "cpu", lambda what: contextlib.nullcontext())
+            definitions = _form_run(case, mode, np.float64)
+        emulate(monkeypatch)
+        with kernels.switched(True):
+            launched = _form_run(case, mode, np.float32)
+    for path, got in ("annex", annex), ("kernel definitions", definitions), ("emulated kernels", launched):
+        assert sorted(got) == sorted(ref), path
+        for name, r in ref.items():
+            # float32: as close as the annex's float32 run, or 1e-5 of the largest entry (a sum that
+            # cancels, such as γ's gradient, is far smaller than its terms)
+            scale = max(np.abs(r).max(), 1e-3)
+            tol = 1e-9 if got is not launched else max(1e-5, 10 * np.abs(annex32[name] - r).max() / scale)
+            np.testing.assert_allclose(got[name], r, rtol=0, atol=tol * scale,
+                                       err_msg=f"{path}: {name}")
