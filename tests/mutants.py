@@ -544,6 +544,9 @@ CORE = [
       "        Optimizer.update_each(opt)\n        return", "flat: a step with a missing gradient loses the others' state"),
     M(FA + "flat.py", "    if not FlatParameters.possible(opt.params):\n        return Optimizer.update_each(opt)",
       "    if not FlatParameters.possible(opt.params):\n        return", "annex optimizer: no update on NumPy"),
+    # --- annex: the GPU tier's definitions (fast/kernels_layer.py; wrong only without a dropout mask) ------
+    M(FA + "kernels_layer.py", "        v = h + (x if self.mask is None else x * self.mask)",
+      "        v = h + (x * x if self.mask is None else x * self.mask)", "kernel: LayerNorm(h + x·x) without a mask"),
 ]
 
 # Mutants known to be equivalent, by description (value: why no test can kill it). They are planted like the others (so a real kill is noticed) but

@@ -22,21 +22,22 @@ import numpy as np
 import pytest
 
 import minattn
-import train
 from minattn import backend, nn, optim
 from minattn import functional as F
 from minattn.engine import Tensor, eval_mode, faster, plain
 from minattn.models.encoder import Classifier, EncoderConfig
+from minattn.lab.recipes import RECIPES, recipe_for
 from minattn.lab.recipes.base import optimizer
+from minattn.lab.settings import make_config
 
-CASES = [(recipe.tasks[0], model) for recipe in train.RECIPES for model in recipe.models]
+CASES = [(recipe.tasks[0], model) for recipe in RECIPES for model in recipe.models]
 SETTINGS = {"mlu": {"train_size": 1000}}    # as the golden runs: a smaller training set, quicker to make
 _LOADED = {}                                 # task -> a recipe that has loaded it (sort and mlu take seconds)
 
 
 def _recipe(task, model_name):
-    cfg = train.make_config(task, model_name, "cpu", batch_size=4, seed=0, **SETTINGS.get(task, {}))
-    recipe = train.recipe_for(task)(cfg)
+    cfg = make_config(task, model_name, "cpu", batch_size=4, seed=0, **SETTINGS.get(task, {}))
+    recipe = recipe_for(task)(cfg)
     if task not in _LOADED:
         recipe.load_task()
         _LOADED[task] = recipe
@@ -83,24 +84,28 @@ def test_one_training_step_is_the_same_on_both_paths(task, model):
         _close(f"updated {name}", weights_p[name], weights_f[name], 1.0, 1e-6)
 
 
-def _losses(textbook, tmp_path, monkeypatch):
-    fam, losses = train.recipe_for("ctl"), []
-    real_loss = fam.loss
-
-    def loss(self, m, batch):
-        out = real_loss(self, m, batch)
-        losses.append(float(out[0].data))
-        return out
-    with monkeypatch.context() as mp, plain(textbook):
-        mp.setattr(fam, "loss", loss)
-        mp.setattr(fam, "evaluate", lambda self, m: {})
-        cfg = train.make_config("ctl", "ndr", "cpu", seed=0, steps=20, batch_size=8, eval_every=20)
-        train.train(cfg, str(tmp_path / ("plain" if textbook else "fast")), progress=False)
+def _losses(textbook):
+    """20 NDR training steps on CTL, train.py's step written out: batch → loss → backward → clip → AdamW."""
+    cfg = make_config("ctl", "ndr", "cpu", seed=0, batch_size=8)
+    recipe = recipe_for("ctl")(cfg)
+    recipe.load_task()
+    losses, rng = [], backend.RNG(cfg.seed, "cpu")
+    with plain(textbook):
+        model = recipe.build_model()
+        opt, stream = optimizer(cfg, model.parameters()), recipe.batches(np.random.default_rng([cfg.seed, 1]))
+        for step in range(20):
+            model.set_rng(rng.reseed(step))
+            loss = recipe.loss(model, next(stream))[0]
+            opt.zero_grad()
+            loss.backward()
+            optim.clip_grad_norm(model.parameters(), cfg.grad_clip)
+            opt.step()
+            losses.append(float(loss.data))
     return losses
 
 
-def test_twenty_ndr_steps_on_ctl_give_the_same_losses(tmp_path, monkeypatch):
-    plain_losses, fast_losses = _losses(True, tmp_path, monkeypatch), _losses(False, tmp_path, monkeypatch)
+def test_twenty_ndr_steps_on_ctl_give_the_same_losses():
+    plain_losses, fast_losses = _losses(True), _losses(False)
     assert len(fast_losses) == 20
     np.testing.assert_allclose(plain_losses, fast_losses, rtol=1e-5)
 
@@ -202,7 +207,6 @@ def test_every_fused_and_kernel_form_equals_its_plain_definition(case, mode, mon
     forms running their NumPy definitions, as on the counting device (float64); and their launch code with
     the kernels' NumPy transcriptions (tests/library/test_gpu_kernels.py's emulations; float32)."""
     from minattn.fast import kernels
-    from minattn.tools import gpucheck
     from tests.library.test_gpu_kernels import emulate
     with plain(True):
         ref = _form_run(case, mode, np.float64)

@@ -149,3 +149,17 @@ def test_source_lines_stay_narrow():
         over += [f"{rel}:{n}" for n, line in enumerate(lines, 1) if len(line) > WIDTH]
     assert not over, f"{len(over)} source lines wider than {WIDTH} characters: {over[:20]}"
     assert wide <= WIDE_SHARE * total, f"{wide} of {total} source lines ({wide / total:.1%}) are wider than {WIDE}"
+
+
+def test_the_library_and_paper_tests_build_models_without_train_py():
+    """tests/library/ and tests/papers/ build models through the models' config classes or the recipes
+    (minattn/lab/recipes, minattn/lab/settings.make_config), never through the top-level train.py: what
+    trains through train.py is a test of the lab (tests/lab/)."""
+    offenders = []
+    for top in ("library", "papers"):
+        for folder, _, files in os.walk(os.path.join(ROOT, "tests", top)):
+            for name in files:
+                path = os.path.join(folder, name)
+                if name.endswith(".py") and "train" in set(_imported_modules(path)):
+                    offenders.append(os.path.relpath(path, ROOT))
+    assert not offenders, offenders
