@@ -1,40 +1,20 @@
-"""The NDR classifier written again in PyTorch eager, to time minattn against it on the same GPU.
+"""The NDR classifier written again in PyTorch eager: an independent check of minattn's NDR, and the
+reference its step time is compared with (``python -m minattn.tools.gpucheck --only steps``, on the
+GPU or with ``--device cpu``).
 
-    python -m minattn.tools.torch_twin [--device gpu|cpu] [--preset paper|cpu] [--repeat N]
-
-torch is not a dependency of minattn: this module is only run where torch is installed (the GPU
-machines have it). ``TorchNDR`` computes what ``minattn.models.encoder.Classifier("ndr", ...)``
-computes, op for op (Csordás et al. 2022, §3 Eqs. 5–10: geometric attention in log space, the
-directional term, the copy gate), and ``TorchNDR.load(model)`` copies a minattn model's weights into
-it, so that ``tests/tools/test_torch_twin.py`` can check that both give the same logits and gradients
-before any time is compared. Timing: one training step (forward, backward, gradient clipping, AdamW)
-on a fixed batch, the median of ``--repeat`` timings, minattn and torch in the same process on the
-same device.
+torch is not a dependency of minattn: this module is only used where torch is installed.
+``TorchNDR`` computes what ``minattn.models.encoder.Classifier("ndr", ...)`` computes, op for op
+(Csordás et al. 2022, §3 Eqs. 5–10: geometric attention in log space, the directional term, the copy
+gate), and ``TorchNDR.load(model)`` copies a minattn model's weights into it, so that
+``tests/tools/test_torch_twin.py`` can check that both give the same logits and gradients before any
+time is compared.
 """
-import argparse
-import sys
-
 import numpy as np
 
 from minattn import backend
 from minattn import functional as F
 from minattn.attention.geometric import constants
 from minattn.models.encoder import Classifier
-
-from .bench import ndr_step, timeit
-
-# one training step of NDR on CTL at a preset of its recipe (bench.ndr_step: model, batch, lr, weight
-# decay, clipping as the runs have them)
-PRESETS = ("paper", "cpu")
-
-
-def _torch():
-    try:
-        import torch
-    except ImportError:
-        raise SystemExit("error: minattn.tools.torch_twin needs PyTorch (pip install torch); "
-                         "minattn itself does not")
-    return torch
 
 
 def build_twin(torch):
@@ -141,7 +121,7 @@ def build_twin(torch):
 def twin_step(run, inputs, device="cpu"):
     """The torch twin's training step on the same batch as minattn's (``inputs``: ids, lengths,
     labels, from ``bench.ndr_step``), and the wait for its device: (step, sync)."""
-    torch = _torch()
+    import torch
     tdev = "cuda" if device == "gpu" else "cpu"
     if tdev == "cpu":
         torch.set_num_threads(1)     # as minattn's one BLAS thread
@@ -157,46 +137,3 @@ def twin_step(run, inputs, device="cpu"):
         torch.nn.utils.clip_grad_norm_(twin.parameters(), run.grad_clip)
         topt.step()
     return step, (torch.cuda.synchronize if tdev == "cuda" else (lambda: None))
-
-
-def compare(preset="paper", device="cpu", repeat=5):
-    """ms per training step of minattn's NDR and of its torch twin, same shapes, same device, one
-    process."""
-    torch = _torch()
-    step, _, inputs, run = ndr_step(device, preset)
-    cfg, (B, T) = run.model_config, inputs[0].shape
-    t_minattn = timeit(step, backend.get_xp(device), repeat, min_time=1.0)
-    torch_step, sync = twin_step(run, inputs, device)
-    t_torch = timeit(torch_step, np, repeat, min_time=1.0, sync=sync)
-    print(f"NDR on CTL, {preset} preset (d {cfg.d_model}, d_ff {cfg.d_ff}, {cfg.n_head} head, "
-          f"{cfg.n_steps} steps), batch {B}×{T}, one training step (forward, backward, clip, "
-          f"AdamW) on {device}:")
-    print(f"  minattn {t_minattn * 1e3:7.1f} ms/step   torch {torch.__version__} eager "
-          f"{t_torch * 1e3:7.1f} ms/step   "
-          f"minattn/torch {t_minattn / t_torch:5.2f}")
-    return t_minattn, t_torch
-
-
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="gpu", choices=("cpu", "gpu"))
-    ap.add_argument("--preset", default="paper,cpu", help=f"comma-separated of {list(PRESETS)}")
-    ap.add_argument("--repeat", type=int, default=5)
-    opts = ap.parse_args(argv)
-    presets = opts.preset.split(",")
-    if set(presets) - set(PRESETS):
-        print(f"error: --preset takes {', '.join(PRESETS)}, got {opts.preset!r}", file=sys.stderr)
-        return 2
-    try:
-        backend.get_xp(opts.device)
-    except backend.DeviceError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    for preset in presets:
-        compare(preset, opts.device, opts.repeat)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
