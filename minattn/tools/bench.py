@@ -7,6 +7,7 @@ the machines here are shared and noisy, so every section that compares against a
 measures that limit (a raw matmul) in the same process.
 """
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -45,31 +46,40 @@ def timeit(fn, xp=np, repeat=5, min_time=0.2, sync=None):
     return statistics.median(times)
 
 
-PHASES = ("forward", "backward", "clip", "optimizer")
+PHASES = ("forward", "backward", "clipping", "optimizer")
 
 
-def train_step(model, opt, loss_fn, rng=None, clip=None, phases=None):
-    """A closure that runs one training step: loss → backward → (clip) → optimizer update. ``phases``:
-    a dict to which each step adds the host seconds of each of PHASES (no sync between them: on a
-    GPU this is the host's time, the GPU's work overlapping it)."""
+def train_step(model, opt, loss_fn, rng=None, clip=None, phase=None):
+    """A closure that runs one training step as train.py does: (set_rng) → loss → backward → (clip)
+    → optimizer update, each of PHASES inside ``phase(name)`` (a context manager: the counter's, or
+    ``timed``'s) when given."""
+    phase = phase or (lambda name: contextlib.nullcontext())
+
     def step():
-        t = [time.perf_counter()]
-        if rng is not None:
-            model.set_rng(rng)
-        loss = loss_fn()
-        t.append(time.perf_counter())
-        opt.zero_grad()
-        loss.backward()
-        t.append(time.perf_counter())
+        with phase("forward"):
+            if rng is not None:
+                model.set_rng(rng)
+            loss = loss_fn()
+        with phase("backward"):
+            opt.zero_grad()
+            loss.backward()
         if clip:
-            optim.clip_grad_norm(model.parameters(), clip)
-        t.append(time.perf_counter())
-        opt.step()
-        t.append(time.perf_counter())
-        if phases is not None:
-            for name, a, b in zip(PHASES, t, t[1:]):
-                phases[name] = phases.get(name, 0.0) + b - a
+            with phase("clipping"):
+                optim.clip_grad_norm(model.parameters(), clip)
+        with phase("optimizer"):
+            opt.step()
     return step
+
+
+def timed(seconds):
+    """A ``phase`` for train_step that adds each phase's host seconds to the dict ``seconds`` (no
+    sync between phases: on a GPU this is the host's time, the GPU's work overlapping it)."""
+    @contextlib.contextmanager
+    def phase(name):
+        t0 = time.perf_counter()
+        yield
+        seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - t0
+    return phase
 
 
 def matmul_peak(device, n=2048, repeat=5):
@@ -111,7 +121,7 @@ def ndr_flops(B, T, cfg):
     return 3 * 2 * per_layer * cfg.n_steps
 
 
-def ndr_step(device, preset="cpu", batch=None, phases=None):
+def ndr_step(device, preset="cpu", batch=None, phase=None):
     """NDR on CTL at a preset of its recipe (model, batch size, lr, weight decay, clipping as its runs
     have them; ``batch`` another batch size), on a fixed random batch of T = 7 tokens (CTL's training
     samples are 4–8 tokens with SOS/EOS; bucketing leaves little padding). Returns (the training
@@ -128,7 +138,7 @@ def ndr_step(device, preset="cpu", batch=None, phases=None):
     y = xp.asarray(rng.integers(0, 8, B))
     opt = optim.AdamW(model.parameters(), lr=run.lr, weight_decay=run.weight_decay)
     step = train_step(model, opt, lambda: F.cross_entropy(model(x, lengths), y), backend.RNG(0, device),
-                      clip=run.grad_clip, phases=phases)
+                      clip=run.grad_clip, phase=phase)
     return step, model, (x, lengths, y), run
 
 

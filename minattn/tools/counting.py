@@ -22,6 +22,7 @@ from minattn import functional as F
 from minattn.engine import topological_order
 from minattn.fast import kernels
 from minattn.tools import strict
+from minattn.tools.bench import PHASES, train_step
 
 
 class Counter:
@@ -98,30 +99,20 @@ kernels.count_as_one_launch("counting", one_launch)   # used where the kernels a
 # One training step of each model family, counted per phase
 # ------------------------------------------------------------------------------------------------------
 
-PHASES = ("forward", "backward", "clipping", "optimizer")
-
-
 def count_step(model, loss_fn, opt, clip=None, rng=None, steps=2):
-    """Run ``steps`` training steps on the counting device as train.py does (set_rng → loss →
-    backward → clip → step) and return the counts of the last one: ({phase: launches}, {phase:
-    syncs}); its forward's autograd nodes by op are left in ``COUNTER.nodes``. The first step is a
-    warm-up (optimizer state and per-shape caches are made once per run, not per step)."""
-    for _ in range(steps):
-        COUNTER.reset()
-        with phase("forward"):
-            if rng is not None:
-                model.set_rng(rng)
-            loss = loss_fn()
+    """Run ``steps`` training steps on the counting device as train.py does (bench.train_step) and
+    return the counts of the last one: ({phase: launches}, {phase: syncs}); its forward's autograd
+    nodes by op are left in ``COUNTER.nodes``. The first step is a warm-up (optimizer state and
+    per-shape caches are made once per run, not per step)."""
+    def forward():
+        loss = loss_fn()
         COUNTER.nodes.update(type(t.creator).__name__ for t in topological_order(loss)
                              if t.creator is not None)
-        with phase("backward"):
-            opt.zero_grad()
-            loss.backward()
-        if clip:
-            with phase("clipping"):
-                optim.clip_grad_norm(model.parameters(), clip)
-        with phase("optimizer"):
-            opt.step()
+        return loss
+    step = train_step(model, opt, forward, rng, clip, phase)
+    for _ in range(steps):
+        COUNTER.reset()
+        step()
     return dict(COUNTER.launches), dict(COUNTER.syncs)
 
 

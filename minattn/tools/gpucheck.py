@@ -320,7 +320,7 @@ def check_why(device, opts):
         for on in (False, True):
             phases = {}
             with kernels.switched(on):
-                step = bench.ndr_step(device, preset, opts.batch, phases)[0]
+                step = bench.ndr_step(device, preset, opts.batch, bench.timed(phases))[0]
                 _steps(step, 2, xp)
                 phases.clear()
                 _steps(step, opts.block, xp)
