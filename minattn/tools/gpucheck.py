@@ -213,7 +213,6 @@ def check_steps(device, opts):
     ``--rounds`` rounds, the order reversed every other round, each round a ``bench.timeit`` block of
     at least ``--min-time`` seconds per variant; the median of each and the ratios."""
     from minattn.fast import kernels
-    from .torch_twin import twin_step
     xp, found, twin = backend.get_xp(device), [], twin_problem()
     for preset in opts.presets.split(","):
         variants = {}   # name -> (step, sync, kernels on)
@@ -222,6 +221,7 @@ def check_steps(device, opts):
             variants[name] = step, None, on
         try:            # a twin that cannot run costs its column, not the kernels' numbers
             if twin is None:
+                from .torch_twin import twin_step
                 torch_step, torch_sync = twin_step(run, inputs, device)
                 torch_step()
                 variants["torch eager"] = torch_step, torch_sync, False

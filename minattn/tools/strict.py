@@ -52,8 +52,6 @@ def _transfer(what, convert):
 # Array functions and methods that CuPy serves with a view (no kernel) when it can.
 _VIEWS = {"reshape", "ravel", "transpose", "swapaxes", "moveaxis", "squeeze", "expand_dims", "broadcast_to",
           "flip", "split", "array_split", "view", "diagonal", "atleast_1d", "atleast_2d", "T"}
-# ... and those that never touch the data.
-_FREE = {"shape", "ndim", "result_type", "may_share_memory", "shares_memory", "broadcast_shapes"}
 
 
 def _operand_copies(a, b):
@@ -84,7 +82,7 @@ class StrictArray:
 
     def _count(self, name, args, r):
         """The launches of the array function or method ``name`` with result ``r``."""
-        if self.counter is None or name in _FREE:
+        if self.counter is None:
             return
         if name == "dot" and len(args) == 2:
             self._launch(_operand_copies(*_unwrap(args)), "matmul operand copy")
