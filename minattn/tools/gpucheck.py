@@ -1,32 +1,27 @@
-"""One command for a GPU machine: ``python -m minattn.tools.gpucheck`` (``make gpu-check``); with
-``--window --out DIR`` the one call for a lent GPU (docs/gpu.md). Its parts, in the order a decision
-on the GPU tier (minattn/fast/kernels*.py, off unless MINATTN_KERNELS=1) needs them:
+"""One command for a GPU machine (``make gpu-check``) and, with ``--window --out DIR``, the one call
+for a lent GPU (docs/gpu.md). Its parts, in the order a decision on the GPU tier
+(minattn/fast/kernels*.py, off unless MINATTN_KERNELS=1) needs them:
 
-a. ``kernels``: each kernel form against its NumPy definition on the same inputs: float32, 1e-5
-   relative to the array's largest entry, the same argmax in every row (a tie in the definition
-   excepted);
+a. ``kernels``: each kernel form against its NumPy definition on the same inputs (``compare``);
 b. ``steps``: NDR's training step with the kernels off, on, and in PyTorch eager (the twin, once
-   tests/tools/test_torch_twin.py has shown it computes the same; skipped without torch), alternating
-   in one process, at the paper and cpu presets;
-c. ``why``: a batch-1 step (host work alone) on the device and on NumPy, which splits host time into
-   minattn's Python and CuPy's cost per call; the host time of each phase; a profile of kernels-on
-   steps; the GPU's busy time per step;
-d. ``resume``: NDR on CTL at the paper preset, straight and stopped halfway then resumed: every array
-   of the two final checkpoints and the final metrics bit-identical (float atomics or a device RNG
-   that does not replay would show here first);
-e. ``suite``: the GPU test cases (``pytest -m gpu`` with MINATTN_REQUIRE_GPU=1: a skip is a failure);
-f. ``card``: the card's run, ``train.py --task ctl --model ndr`` into DIR/f-card-run, with the kernels
-   on if (a) passed, until ``--budget`` seconds from the start; then SIGTERM, on which train.py saves
-   its step; a later window continues it (``--card-run`` that directory).
+   tests/tools/test_torch_twin.py has shown it computes the same; skipped without torch),
+   alternating in one process, at the paper and cpu presets;
+c. ``why``: host time split into minattn's Python and CuPy's cost per call (a batch-1 step on the
+   device and on NumPy), per-phase host times, a profile of kernels-on steps, the GPU's busy time;
+d. ``resume``: NDR on CTL straight, and stopped halfway then resumed: every checkpoint array and
+   the final metrics bit-identical (float atomics or a device RNG that does not replay show here);
+e. ``suite``: ``pytest -m gpu`` with MINATTN_REQUIRE_GPU=1 (a skip is a failure);
+f. ``card``: ``train.py --task ctl --model ndr`` into DIR/f-card-run, the kernels on if (a) passed,
+   until ``--budget`` seconds from the start; then SIGTERM (train.py saves its step; a later window
+   continues it with ``--card-run``).
 
-Without ``--window`` it runs (a)-(e), 200 steps in (d). ``--window`` runs all six, (d) with 100 steps,
+Without ``--window`` it runs (a)-(e), 200 steps in (d); ``--window`` runs all six, 100 steps in (d),
 and (d) and (e) with the kernels on. With ``--out DIR`` each part's output also goes to
-DIR/<part>.txt as it runs, and its summary line to DIR/summary.txt, so that a cut call keeps the
-parts before it. ``--device cpu`` runs every part on the CPU (tests/tools/test_gpucheck.py).
-
-It needs a Python with numpy, cupy, tqdm and pytest and nothing else (no venv, no network), and runs
-``train.py`` from the repository this package sits in; arguments after ``--`` go to every train.py
-run. Exit status: 0 when every part passed, 1 when one failed, 2 when the device cannot be used.
+DIR/<part>.txt as it runs and its summary line to DIR/summary.txt, so a cut call keeps the parts
+before it. ``--device cpu`` runs every part on the CPU (tests/tools/test_gpucheck.py). It needs a
+Python with numpy, cupy, tqdm and pytest (no venv, no network), runs train.py from this repository
+with the arguments after ``--``, and exits 0 when every part passed, 1 when one failed, 2 when the
+device cannot be used.
 """
 import argparse
 import contextlib
@@ -139,11 +134,6 @@ def kernel_cases():
     x, h = normal(B, T, d), normal(B, T, d)
     norm_weight, norm_bias = 1 + 0.1 * normal(d), 0.1 * normal(d)
 
-    def norm():
-        m = nn.LayerNorm(d)
-        m.weight.data, m.bias.data = norm_weight, norm_bias
-        return m
-
     def logits(dev):
         right = backend.to_device(j > i, dev)
         return _forward_backward(dev, lambda q, s_, a: faster(G.directional_logits, q)(
@@ -154,7 +144,9 @@ def kernel_cases():
         return _forward_backward(dev, lambda z_: G.geometric_attention_weights(z_, mask), z)
 
     def layer_norm(dev):
-        return _forward_backward(dev, lambda x_, n: F.layer_norm(x_, n.weight, n.bias), x, norm())
+        n = nn.LayerNorm(d)
+        n.weight.data, n.bias.data = norm_weight, norm_bias
+        return _forward_backward(dev, lambda x_, n_: F.layer_norm(x_, n_.weight, n_.bias), x, n)
 
     def layer(dev):
         cfg = EncoderConfig(d_model=d, n_head=H, d_ff=2 * d, dropout=0.3)
@@ -291,8 +283,8 @@ def _steps(step, n, xp):
 
 
 def check_why(device, opts):
-    """Why: host time = minattn's Python (P) + n device operations × CuPy's cost per call (c);
-    the host time of each phase; a profile of kernels-on training steps; the GPU's busy time (last:
+    """Why: host time = minattn's Python (P) + n device operations × CuPy's cost per call (c); a
+    profile of kernels-on training steps; the host time of each phase and the GPU's busy time (last:
     the one measurement only a GPU runs)."""
     from minattn.engine import plain
     from minattn.fast import kernels
@@ -315,18 +307,7 @@ def check_why(device, opts):
               f"n: {c[False]:.1f} µs per call (kernels off), {c[True]:.1f} µs (on)")
         found.append(f"NumPy {ms['cpu', False]:.1f}/{ms['cpu', True]:.1f} ms, "
                      f"c ≈ {c[False]:.1f}/{c[True]:.1f} µs per call")
-    print("2. host ms per phase (no sync between phases: what the host spends)")
-    for preset in presets:
-        for on in (False, True):
-            phases = {}
-            with kernels.switched(on):
-                step = bench.ndr_step(device, preset, opts.batch, bench.timed(phases))[0]
-                _steps(step, 2, xp)
-                phases.clear()
-                _steps(step, opts.block, xp)
-            print(f"   {preset} kernels {'on ' if on else 'off'}: " + "  ".join(
-                f"{k} {v / opts.block * 1e3:7.2f}" for k, v in phases.items()))
-    print(f"3. cProfile of {opts.block} training steps, kernels on ({presets[0]} preset), by own time")
+    print(f"2. cProfile of {opts.block} training steps, kernels on ({presets[0]} preset), by own time")
     with kernels.switched(True):
         step = bench.ndr_step(device, presets[0], opts.batch)[0]
         _steps(step, 2, xp)
@@ -335,18 +316,22 @@ def check_why(device, opts):
         _steps(step, opts.block, xp)
         profile.disable()
     pstats.Stats(profile, stream=sys.stdout).sort_stats("tottime").print_stats(45)
-    print("4. the GPU's busy time per step (its work queued behind a blocker, CUDA events)")
-    if device == "cpu":
-        print("   skipped: no GPU")
-    for preset, on in [(p, on) for p in presets for on in (False, True)] * (device != "cpu"):
+    print("3. host ms per phase (no sync between phases: what the host spends), and on a GPU its busy "
+          "time per step (its work queued behind a blocker, CUDA events)")
+    for preset, on in [(p, on) for p in presets for on in (False, True)]:
+        phases = {}
         with kernels.switched(on):
-            step = bench.ndr_step(device, preset, opts.batch)[0]
-            host = bench.timeit(step, xp, 1, opts.min_time) * 1e3
-            busy = [gpu_busy_ms(step, xp, host) for _ in range(3)]
-        gpu = statistics.median(b for b, _ in busy)
-        print(f"   {preset} kernels {'on ' if on else 'off'}: GPU {gpu:7.2f} ms of the step's "
-              f"{host:7.2f} ms" + ("" if all(q for _, q in busy) else
-                                   "  (the host was not ahead of the GPU: an upper bound)"))
+            step = bench.ndr_step(device, preset, opts.batch, bench.timed(phases))[0]
+            _steps(step, 2, xp)
+            phases.clear()
+            _steps(step, opts.block, xp)
+            row = "  ".join(f"{k} {v / opts.block * 1e3:7.2f}" for k, v in phases.items())
+            host = sum(phases.values()) / opts.block * 1e3
+            busy = [gpu_busy_ms(step, xp, host) for _ in range(3 * (device != "cpu"))]
+        if busy:
+            row += f"   GPU {statistics.median(b for b, _ in busy):7.2f} ms" + (
+                "" if all(q for _, q in busy) else " (the host was not ahead of the GPU: an upper bound)")
+        print(f"   {preset} kernels {'on ' if on else 'off'}: {row}")
     return True, "; ".join(found)
 
 
@@ -374,8 +359,8 @@ def compare_arrays(a, b):
 def check_resume(device, opts):
     """200 steps straight vs 100 + resume to 200, compared bit for bit."""
     steps, half = opts.steps, opts.steps // 2
-    base = [sys.executable, "train.py", "--task", "ctl", "--model", "ndr", "--preset", opts.preset,
-            "--device", device, "--no-progress", *opts.train_args]
+    base = [sys.executable, "train.py", "--task", "ctl", "--model", "ndr", "--device", device,
+            "--preset", opts.presets.split(",")[0], "--no-progress", *opts.train_args]
     with tempfile.TemporaryDirectory(prefix="gpucheck-") as tmp:
         straight, split = os.path.join(tmp, "straight"), os.path.join(tmp, "split")
         for argv in ([*base, "--steps", str(steps), "--out", straight],
@@ -452,13 +437,6 @@ class _Tee:
             stream.flush()
 
 
-def attempt(check, device, opts):
-    try:
-        return check(device, opts)
-    except Exception as e:   # keep going: the summary reports it
-        return False, f"{e.__class__.__name__}: {e}"
-
-
 def run_parts(parts, device, opts):
     """Each part in order, its output to the console and (with --out) to OUT/<part>.txt as it runs,
     its summary line appended to OUT/summary.txt."""
@@ -469,7 +447,10 @@ def run_parts(parts, device, opts):
         with open(path(name + ".txt"), "w") as f, contextlib.redirect_stdout(_Tee(sys.stdout, f)):
             print(f"=== gpu-check: {name} ({time.monotonic() - t0:.0f} s in; device {device}) ===",
                   flush=True)
-            ok, detail = attempt(check, device, opts)
+            try:
+                ok, detail = check(device, opts)
+            except Exception as e:   # keep going: the summary reports it
+                ok, detail = False, f"{e.__class__.__name__}: {e}"
             print(f"{name} {'PASS' if ok else 'FAIL'}  {detail}")
         if name == "a-kernels":
             opts.kernels_passed = ok      # the card's run (f) turns them on only then
@@ -491,8 +472,7 @@ def main(argv=None):
     ap.add_argument("--out", help="the directory of the parts' files (needed by the card's run)")
     ap.add_argument("--steps", type=int, default=None,
                     help="(d): steps, resumed at half (200; with --window 100)")
-    ap.add_argument("--preset", default="paper", help="(d): train.py's preset")
-    ap.add_argument("--presets", default="paper,cpu", help="(b, c): NDR's presets")
+    ap.add_argument("--presets", default="paper,cpu", help="(b, c): NDR's presets; (d): the first")
     ap.add_argument("--batch", type=int, default=0, help="(b, c): another batch size")
     ap.add_argument("--rounds", type=int, default=5, help="(b): alternating rounds")
     ap.add_argument("--min-time", type=float, default=0.5, help="(b, c): seconds per timing")

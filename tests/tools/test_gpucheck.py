@@ -21,7 +21,7 @@ def test_resume_check_passes_on_the_cpu_and_would_see_one_changed_bit(monkeypatc
     seen = []
     read = gpucheck.checkpoint_arrays
     monkeypatch.setattr(gpucheck, "checkpoint_arrays", lambda d: seen.append(read(d)) or seen[-1])
-    assert gpucheck.main(["--device", "cpu", "--only", "resume", "--steps", "4", "--preset", "cpu", "--", *TINY]) == 0
+    assert gpucheck.main(["--device", "cpu", "--only", "resume", "--steps", "4", "--presets", "cpu", "--", *TINY]) == 0
     out = capsys.readouterr().out
     assert "d-resume  PASS  4 steps straight == 2 + resume to 4" in out and "gpu-check: all passed" in out
     straight, split = seen
@@ -89,7 +89,7 @@ def test_the_kernels_part_prints_a_line_per_kernel_and_names_the_one_that_differ
 
 
 WINDOW_SMALL = ["--device", "cpu", "--presets", "cpu", "--batch", "8", "--rounds", "1", "--min-time", "0.01",
-                "--block", "2", "--steps", "4", "--preset", "cpu", "--budget", "1"]
+                "--block", "2", "--steps", "4", "--budget", "1"]
 
 
 def test_the_window_runs_every_part_on_the_cpu_one_file_each_and_a_later_window_continues_the_card(
