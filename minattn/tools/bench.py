@@ -2,9 +2,8 @@
 
     python -m minattn.tools.bench [--device cpu|gpu] [--only engine,ndr,models] [--repeat N]
 
-Each section reports the median of ``--repeat`` timings. Ratios are only meaningful within one run:
-the machines here are shared and noisy, so every section that compares against a "physical" limit
-measures that limit (a raw matmul) in the same process.
+Each section reports the median of ``--repeat`` timings. Ratios mean something only within one run
+(the machines are shared and noisy), so the raw matmul throughput is measured in the same process.
 """
 import argparse
 import contextlib

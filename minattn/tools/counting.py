@@ -1,13 +1,11 @@
 """A test device that counts what a GPU would be asked to do: kernel launches and host syncs.
 
-On a GPU every CuPy call costs host time whatever its size, so a small model's step time is its number
-of launches. ``CountingArray`` is the strict device's array (minattn/tools/strict.py, which gives CuPy's
-rules for what is one launch and what is a sync) with ``COUNTER`` as its hook: it tallies them per
-phase of a training step (``with phase("backward"): ...``), and counts an implicit host transfer
-instead of refusing it. ``python -m minattn.tools.counting`` prints launches per training step of each
-model family, and the autograd nodes its forward records (``make bench`` runs it); ``--kernels`` turns
-the GPU tier on (each kernel counted as one launch), ``--detail FAMILY`` says where the launches come
-from.
+On a GPU every CuPy call costs host time whatever its size, so a small model's step time is its
+number of launches. ``CountingArray`` is the strict device's array (minattn/tools/strict.py, which
+states CuPy's rules) with ``COUNTER`` as its hook, tallying per phase of a training step.
+``python -m minattn.tools.counting`` prints launches per training step of each model family and the
+autograd nodes its forward records (``make bench`` runs it); ``--kernels`` turns the GPU tier on (a
+kernel counts one launch); ``--detail FAMILY`` says where the launches come from.
 """
 import collections
 import contextlib
@@ -95,9 +93,7 @@ def one_launch(what):
 kernels.count_as_one_launch("counting", one_launch)   # used where the kernels are on (--kernels)
 
 
-# ------------------------------------------------------------------------------------------------------
-# One training step of each model family, counted per phase
-# ------------------------------------------------------------------------------------------------------
+# --- one training step of each model family, counted per phase -----------------------------------
 
 def count_step(model, loss_fn, opt, clip=None, rng=None, steps=2):
     """Run ``steps`` training steps on the counting device as train.py does (bench.train_step) and
