@@ -29,13 +29,12 @@ def timeit(fn, xp=np, repeat=5, min_time=0.2, sync=None):
     """Median seconds per call of ``fn`` over ``repeat`` batches of calls lasting ≥ min_time each.
     ``sync`` waits for the device (default: CuPy's null stream when ``xp`` is CuPy)."""
     sync = sync or (lambda: wait(xp))
-    fn()
+    fn()                                      # a warm-up, then one timed call sets the batch size
     sync()
     times, t0 = [], time.perf_counter()
     fn()
     sync()
-    one = max(time.perf_counter() - t0, 1e-7)
-    n = max(1, int(min_time / one))
+    n = max(1, int(min_time / max(time.perf_counter() - t0, 1e-7)))
     for _ in range(repeat):
         t0 = time.perf_counter()
         for _ in range(n):

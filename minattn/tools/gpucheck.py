@@ -67,6 +67,13 @@ def _run(argv, env=None, stop_after=None):
     return code, lines
 
 
+def _pytest(device, *args, env=None):
+    """pytest on ``args`` (a skipped GPU case fails on a GPU): (passed, pytest's last line)."""
+    code, lines = _run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+                       env={"MINATTN_REQUIRE_GPU": "1" if device == "gpu" else "0", **(env or {})})
+    return code == 0, (lines[-1].strip("= ") if lines else "no output")
+
+
 # --- (a) each GPU kernel of the annex (minattn/fast/kernels.py) against its definition ---------
 
 TOLERANCE = 1e-5   # float32: the largest difference, relative to the definition's largest entry
@@ -108,12 +115,11 @@ def _forward_backward(device, fn, *inputs, seed=1):
     y = fn(*ins)
     gy = np.random.default_rng(seed).standard_normal(y.shape).astype(np.float32)
     y.backward(backend.to_device(gy, device))
-    grads = {f"grad {i}": t.grad for i, t in enumerate(ins) if not isinstance(t, Module)}
-    for i, m in enumerate(ins):
-        if isinstance(m, Module):
-            grads.update({f"grad {i}.{n}": p.grad for n, p in m.named_parameters()})
-    grads["forward"] = y.data
-    return {k: backend.to_numpy(g) for k, g in grads.items()}
+    out = {"forward": y.data}
+    for i, t in enumerate(ins):
+        named = [(f".{n}", p) for n, p in t.named_parameters()] if isinstance(t, Module) else [("", t)]
+        out.update({f"grad {i}{n}": p.grad for n, p in named})
+    return {k: backend.to_numpy(g) for k, g in out.items()}
 
 
 def kernel_cases():
@@ -162,27 +168,10 @@ def kernel_cases():
 
 
 def check_kernels(device, _):
-    """Each kernel form with the kernels on against the same code with them off (its definition)."""
-    from minattn.engine import plain
-    from minattn.fast import kernels
-    if device not in kernels.KERNEL_DEVICES:
-        print(f"(on {device} no kernel runs: each definition is compared with itself)")
-    failed, worst, cases = [], 0.0, kernel_cases()
-    for name, case in cases:
-        with plain(False):
-            with kernels.switched(False):
-                ref = case(device)
-            with kernels.switched(True):
-                got = case(device)
-        rel, ties, problem = compare(ref, got)
-        worst = max(worst, rel)
-        print(f"  {name:40s} {'DIFFERS' if problem else 'equal'}  max rel. diff {rel:.1e}, "
-              f"same argmax ({ties} ties)" + (f": {problem}" if problem else ""), flush=True)
-        if problem:
-            failed.append(name)
-    if failed:
-        return False, f"{len(failed)} kernel(s) differ from their definitions: {', '.join(failed)}"
-    return True, f"{len(cases)} kernel forms equal to their definitions (max rel. diff {worst:.1e})"
+    """Each kernel form with the kernels on against the same code with them off (its definition):
+    ``kernel_cases`` compared by tests/library/test_gpu_kernels.py on the device, and on NumPy
+    transcriptions of the kernels' CUDA."""
+    return _pytest(device, "-v", "tests/library/test_gpu_kernels.py", "-k", "equals_its_definition")
 
 
 # --- (b) NDR's step with the kernels off, on and in PyTorch eager; (c) why ------------------------
@@ -191,13 +180,13 @@ def have_torch():
     return importlib.util.find_spec("torch") is not None
 
 
-def twin_problem():
+def twin_problem(device):
     """None when the torch twin computes what minattn does (tests/tools/test_torch_twin.py), else
     why it is not timed."""
     if not have_torch():
         return "PyTorch is not installed"
-    code, lines = _run([sys.executable, "-m", "pytest", "-q", "tests/tools/test_torch_twin.py"])
-    return None if code == 0 else "the torch twin does not match minattn: " + (lines[-1] if lines else "")
+    ok, last = _pytest(device, "-q", "tests/tools/test_torch_twin.py")
+    return None if ok else "the torch twin does not match minattn: " + last
 
 
 def check_steps(device, opts):
@@ -205,7 +194,7 @@ def check_steps(device, opts):
     ``--rounds`` rounds, the order reversed every other round, each round a ``bench.timeit`` block of
     at least ``--min-time`` seconds per variant; the median of each and the ratios."""
     from minattn.fast import kernels
-    xp, found, twin = backend.get_xp(device), [], twin_problem()
+    xp, found, twin = backend.get_xp(device), [], twin_problem(device)
     for preset in opts.presets.split(","):
         variants = {}   # name -> (step, sync, kernels on)
         for name, on in (("kernels off", False), ("kernels on", True)):
@@ -382,9 +371,7 @@ def check_resume(device, opts):
 
 
 def check_suite(device, opts):
-    code, lines = _run([sys.executable, "-m", "pytest", "-q", "-m", "gpu"],
-                       env={"MINATTN_REQUIRE_GPU": "1" if device == "gpu" else "0", **opts.env})
-    return code == 0, (lines[-1].strip("= ") if lines else "no output")
+    return _pytest(device, "-q", "-m", "gpu", env=opts.env)
 
 
 def check_card(device, opts):

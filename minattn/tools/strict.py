@@ -218,10 +218,8 @@ class _RandomState:
 
 
 class Module:
-    """The ``xp`` of a device whose arrays are ``array`` (StrictArray or a subclass): creation
-    functions return such arrays and count a launch (``empty`` none; ``asarray`` of device data none
-    unless it converts); the rest is NumPy's own and dispatches to the array through the NEP 13/18
-    protocols."""
+    """The ``xp`` of a device whose arrays are ``array``: creation functions make such arrays (and
+    count a launch, as above); the rest is NumPy's own, dispatching to the array (NEP 13/18)."""
     _CREATE = {"zeros", "ones", "full", "arange", "eye", "linspace", "zeros_like", "ones_like", "full_like",
                "empty", "empty_like", "asarray", "array", "ascontiguousarray"}
 
