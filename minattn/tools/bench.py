@@ -141,8 +141,7 @@ def ndr_step(device, preset="cpu", batch=None, phase=None):
 
 
 def bench_ndr(device, repeat):
-    """NDR on CTL at the cpu preset: a training step on a batch of CTL-sized sequences, and
-    evaluation."""
+    """NDR on CTL at the cpu preset: a training step on a batch of CTL-sized sequences; evaluation."""
     from minattn.engine import eval_mode, no_grad
     xp = backend.get_xp(device)
     step, model, (x, lengths, _), run = ndr_step(device)
@@ -196,9 +195,8 @@ def main(argv=None):
         print(f"error: unknown section(s) {sorted(unknown)}; valid: {', '.join(SECTIONS)}",
               file=sys.stderr)
         return 2
-    print(f"device {args.device}, "
-          f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}, "
-          f"numpy {np.__version__}")
+    threads = os.environ.get("OPENBLAS_NUM_THREADS", "unset")
+    print(f"device {args.device}, OPENBLAS_NUM_THREADS={threads}, numpy {np.__version__}")
     peak = matmul_peak(args.device)
     print(f"peak    float32 2048² matmul: {peak / 1e9:7.1f} GFLOP/s (measured now)")
     for name in args.only.split(","):

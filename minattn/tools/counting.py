@@ -113,9 +113,8 @@ def count_step(model, loss_fn, opt, clip=None, rng=None, steps=2):
 
 
 def ndr_ctl_step(model_name="ndr", device="counting"):
-    """(model, loss_fn, opt, clip, rng) for one CTL training step at train.py's cpu preset: its
-    config, model builder, optimizer and first training batch (the launch count does not depend on
-    its size)."""
+    """(model, loss_fn, opt, clip, rng) for one CTL training step as train.py's cpu preset has it: its
+    config, model, optimizer and first batch (the launch count does not depend on its size)."""
     from minattn.lab.recipes import recipe_for
     from minattn.lab.recipes.base import optimizer
     from minattn.lab.settings import make_config
@@ -193,11 +192,9 @@ def table(only=None):
 
 
 if __name__ == "__main__":
-    # the GPU tier on (MINATTN_KERNELS=1): each kernel counts one launch
     if "--kernels" in sys.argv:
         sys.argv.remove("--kernels")
         kernels.switch(True)
-    # where the launches of one family come from
     if len(sys.argv) > 1 and sys.argv[1] == "--detail":
         COUNTER.detail = True
         build = dict(families())[sys.argv[2]] if len(sys.argv) > 2 else ndr_ctl_step

@@ -231,16 +231,6 @@ def check_steps(device, opts):
     return not mismatch, "; ".join(found + [twin] * mismatch)
 
 
-def count_launches(kernels_on):
-    """Device operations per NDR training step (the counting device, minattn/tools/counting.py; on
-    the annex's path, as on CuPy)."""
-    from minattn.engine import plain
-    from minattn.fast import kernels
-    from . import counting
-    with plain(False), kernels.switched(kernels_on):
-        return sum(counting.count_step(*counting.ndr_ctl_step())[0].values())
-
-
 def gpu_busy_ms(step, xp, host_ms, n=4096):
     """(GPU ms of one step's work, whether the host had queued all of it before the GPU reached it):
     float32 matmuls that last about twice the step's host time run first, and CUDA events time what
@@ -277,18 +267,19 @@ def check_why(device, opts):
     the one measurement only a GPU runs)."""
     from minattn.engine import plain
     from minattn.fast import kernels
+    from . import counting
     xp, presets = backend.get_xp(device), opts.presets.split(",")
     print("1. host work alone: a batch-1 step (cpu preset; the GPU's work negligible) on the device "
           "and on NumPy (the annex's path, as on CuPy; there the kernels run their definitions)")
-    n = {on: count_launches(on) for on in (False, True)}
-    ms = {}
-    for dev in dict.fromkeys((device, "cpu")):
-        for on in (False, True):
-            with plain(False), kernels.switched(on):
+    n, ms = {}, {}
+    for on in (False, True):
+        with plain(False), kernels.switched(on):
+            n[on] = sum(counting.count_step(*counting.ndr_ctl_step())[0].values())   # device operations
+            for dev in dict.fromkeys((device, "cpu")):
                 step = bench.ndr_step(dev, "cpu", 1)[0]
                 ms[dev, on] = bench.timeit(step, backend.get_xp(dev), 3, opts.min_time) * 1e3
-            print(f"   {dev} kernels {'on ' if on else 'off'}: {ms[dev, on]:7.2f} ms/step, "
-                  f"{n[on]} device operations counted")
+                print(f"   {dev} kernels {'on ' if on else 'off'}: {ms[dev, on]:7.2f} ms/step, "
+                      f"{n[on]} device operations counted")
     found = [f"batch 1: {device} {ms[device, False]:.1f}/{ms[device, True]:.1f} ms (kernels off/on)"]
     if device != "cpu":
         c = {on: (ms[device, on] - ms["cpu", on]) / n[on] * 1e3 for on in (False, True)}
@@ -375,9 +366,8 @@ def check_suite(device, opts):
 
 
 def check_card(device, opts):
-    """The card's run in OUT/f-card-run, until the window's time is up: then SIGTERM, on which
-    train.py saves its step. ``--card-run DIR``: an earlier window's f-card-run, copied there first
-    and continued (--resume)."""
+    """The card's run in OUT/f-card-run until the window's time is up, then SIGTERM; ``--card-run
+    DIR``: an earlier window's f-card-run, copied there first and continued (--resume)."""
     run_dir = os.path.join(opts.out, "f-card-run")
     if opts.card_run and not os.path.exists(run_dir):
         shutil.copytree(opts.card_run, run_dir)

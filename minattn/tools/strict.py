@@ -202,8 +202,7 @@ StrictArray.__hash__ = None
 
 
 class _RandomState:
-    """cupy.random.RandomState: creating one sets up a cuRAND generator (a launch); reseeding sets
-    its seed and offset (none)."""
+    """cupy.random.RandomState: creating one sets up a cuRAND generator (a launch); reseeding none."""
 
     def __init__(self, array, seed):
         self.array, self._rs = array, np.random.RandomState(seed)

@@ -43,8 +43,7 @@ class TorchNDR(nn.Module):
         self.w_head, self.b_head = P(model.head.weight), P(model.head.bias)
 
     def constants(self, T, device):
-        """minattn's scan order (perm, inv) and mask j > i (``right``) for length T, as torch
-        tensors."""
+        """minattn's scan order (perm, inv) and mask j > i (``right``) for length T, in torch."""
         if (T, device) not in self.consts:
             c = constants(T, np.zeros((), np.float32))
             self.consts[T, device] = tuple(torch.as_tensor(a, device=device)
@@ -52,8 +51,7 @@ class TorchNDR(nn.Module):
         return self.consts[T, device]
 
     def attention(self, x, key_mask):
-        """Geometric attention with the directional term (Eqs. 7–10), as minattn's
-        GeometricAttention."""
+        """Geometric attention with the directional term (Eqs. 7–10), as GeometricAttention."""
         B, T, C = x.shape
         H, cfg = self.H, self.cfg
         dh = C // H
