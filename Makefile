@@ -10,7 +10,7 @@
 #   make train TASK=ctl MODEL=ndr DEVICE=cpu ARGS="--steps 1000"
 #   make plot RUN=runs/ctl-ndr-cpu-s0 [TASK=ctl MODEL=ndr]  pictures of a checkpoint into RUN/plots
 #   make bench                                  launches per step (minattn/tools/counting.py), engine/model speed (not a test)
-#   make gpu-check                              on a GPU machine: GPU tests, bench, a resume-exact NDR run
+#   make gpu-check                              on a GPU machine: kernels, NDR step times, resume-exact run, GPU tests
 PYTHON ?= python3
 comma  := ,
 VENV   := .venv

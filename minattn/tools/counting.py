@@ -1,13 +1,11 @@
 """A test device that counts what a GPU would be asked to do: kernel launches and host syncs.
 
-On a GPU every CuPy call costs host time whatever its size, so a small model's step time is its number
-of launches. ``CountingArray`` is the strict device's array (minattn/tools/strict.py, which gives CuPy's
-rules for what is one launch and what is a sync) with ``COUNTER`` as its hook: it tallies them per
-phase of a training step (``with phase("backward"): ...``), and counts an implicit host transfer
-instead of refusing it. ``python -m minattn.tools.counting`` prints launches per training step of each
-model family, and the autograd nodes its forward records (``make bench`` runs it); ``--kernels`` turns
-the GPU tier on (each kernel counted as one launch), ``--detail FAMILY`` says where the launches come
-from.
+On a GPU every CuPy call costs host time whatever its size, so a small model's step time is its
+number of launches. ``CountingArray`` is the strict device's array (minattn/tools/strict.py, which
+states CuPy's rules) with ``COUNTER`` as its hook, tallying per phase of a training step.
+``python -m minattn.tools.counting`` prints launches per training step of each model family and the
+autograd nodes its forward records (``make bench`` runs it); ``--kernels`` turns the GPU tier on (a
+kernel counts one launch); ``--detail FAMILY`` says where the launches come from.
 """
 import collections
 import contextlib
@@ -17,9 +15,12 @@ import traceback
 
 import numpy as np
 
-from minattn import backend
+from minattn import backend, optim
+from minattn import functional as F
+from minattn.engine import topological_order
 from minattn.fast import kernels
 from minattn.tools import strict
+from minattn.tools.bench import PHASES, train_step
 
 
 class Counter:
@@ -92,102 +93,80 @@ def one_launch(what):
 kernels.count_as_one_launch("counting", one_launch)   # used where the kernels are on (--kernels)
 
 
-# ------------------------------------------------------------------------------------------------------
-# One training step of each model family, counted per phase
-# ------------------------------------------------------------------------------------------------------
-
-PHASES = ("forward", "backward", "clipping", "optimizer")
-
+# --- one training step of each model family, counted per phase -----------------------------------
 
 def count_step(model, loss_fn, opt, clip=None, rng=None, steps=2):
-    """Run ``steps`` training steps on the counting device as train.py does (set_rng → loss →
-    backward → clip → step) and return the counts of the last one: ({phase: launches}, {phase:
-    syncs}); its forward's autograd nodes by op are left in ``COUNTER.nodes``. The first step is a
-    warm-up (optimizer state and per-shape caches are made once per run, not per step)."""
-    from minattn import optim
-    from minattn.engine import topological_order
-    for _ in range(steps):
-        COUNTER.reset()
-        with phase("forward"):
-            if rng is not None:
-                model.set_rng(rng)
-            loss = loss_fn()
+    """Run ``steps`` training steps on the counting device as train.py does (bench.train_step) and
+    return the counts of the last one: ({phase: launches}, {phase: syncs}); its forward's autograd
+    nodes by op are left in ``COUNTER.nodes``. The first step is a warm-up (optimizer state and
+    per-shape caches are made once per run, not per step)."""
+    def forward():
+        loss = loss_fn()
         COUNTER.nodes.update(type(t.creator).__name__ for t in topological_order(loss)
                              if t.creator is not None)
-        with phase("backward"):
-            opt.zero_grad()
-            loss.backward()
-        if clip:
-            with phase("clipping"):
-                optim.clip_grad_norm(model.parameters(), clip)
-        with phase("optimizer"):
-            opt.step()
+        return loss
+    step = train_step(model, opt, forward, rng, clip, phase)
+    for _ in range(steps):
+        COUNTER.reset()
+        step()
     return dict(COUNTER.launches), dict(COUNTER.syncs)
 
 
-DEVICE = "counting"   # where families() builds its models (a benchmark may build them on "cpu")
-
-
-def _up(a):
-    return backend.to_device(np.asarray(a), DEVICE)
-
-
-def ndr_ctl_step(model_name="ndr"):
-    """(model, loss_fn, opt, clip, rng) for one CTL training step at train.py's cpu preset: its
-    config, model builder, optimizer and first training batch (the launch count does not depend on
-    its size)."""
+def ndr_ctl_step(model_name="ndr", device="counting"):
+    """(model, loss_fn, opt, clip, rng) for one CTL training step as train.py's cpu preset has it: its
+    config, model, optimizer and first batch (the launch count does not depend on its size)."""
     from minattn.lab.recipes import recipe_for
     from minattn.lab.recipes.base import optimizer
     from minattn.lab.settings import make_config
     cfg = make_config("ctl", model_name, "cpu")
     recipe = recipe_for("ctl")(cfg)
     recipe.load_task()
-    model = recipe.build_model().to(DEVICE)
-    x, lengths, y = (_up(a) for a in next(recipe.batches(np.random.default_rng([cfg.seed, 1]))))
+    model = recipe.build_model().to(device)
+    batch = next(recipe.batches(np.random.default_rng([cfg.seed, 1])))
+    x, lengths, y = (backend.to_device(np.asarray(a), device) for a in batch)
     opt = optimizer(cfg, model.parameters())
-    from minattn import functional as F
-    return model, lambda: F.cross_entropy(model(x, lengths), y), opt, cfg.grad_clip, backend.RNG(0, DEVICE)
+    return model, lambda: F.cross_entropy(model(x, lengths), y), opt, cfg.grad_clip, backend.RNG(0, device)
 
 
-def families():
-    """(label, builder) for the model families of ``make bench``, at its sizes."""
-    from minattn import functional as F
-    from minattn import optim
+def families(device="counting"):
+    """(label, builder) for the model families of ``make bench``, built on ``device``."""
+    def up(a):
+        return backend.to_device(np.asarray(a), device)
 
     def crt(name):
         from minattn.models.compositional import CRTConfig, CRTModel
         r = np.random.default_rng(0)
-        x, y = (_up(r.standard_normal(shape).astype(np.float32))
+        x, y = (up(r.standard_normal(shape).astype(np.float32))
                 for shape in ((256, 10, 14), (256, 10)))
-        model = CRTModel(name, 14, CRTConfig(searches=2, retrievals=4)).to(DEVICE)
+        model = CRTModel(name, 14, CRTConfig(searches=2, retrievals=4)).to(device)
         opt = optim.AdamW(model.parameters(), 1e-4, weight_decay=0.0)
         return model, lambda: F.abs(model(x) - y).mean(), opt, None, None
 
     def seq2attn():
         from minattn.models.seq2attn import Seq2Attn, model_config
         r = np.random.default_rng(0)
-        model = Seq2Attn(model_config("seq2attn"), 19, 12, sos_id=2).to(DEVICE)
-        src, tgt = _up(r.integers(2, 19, (64, 4))), _up(r.integers(4, 12, (64, 4)))
-        lengths = _up(np.full(64, 4))
+        model = Seq2Attn(model_config("seq2attn"), 19, 12, sos_id=2).to(device)
+        src, tgt = up(r.integers(2, 19, (64, 4))), up(r.integers(4, 12, (64, 4)))
+        lengths = up(np.full(64, 4))
         opt = optim.AdamW(model.parameters(), 1e-3, weight_decay=0.0)
-        return model, lambda: model.loss(src, lengths, tgt, lengths), opt, 5.0, backend.RNG(0, DEVICE)
+        return model, lambda: model.loss(src, lengths, tgt, lengths), opt, 5.0, backend.RNG(0, device)
 
     def abstractor(name):
         from minattn.models.abstractor import AbstractorConfig, build_seq2seq
         r = np.random.default_rng(0)
         B, T = 512, 10
         y = r.permuted(np.tile(np.arange(T), (B, 1)), axis=1)
-        x = _up(r.standard_normal((B, T, 12)).astype(np.float32))
-        tgt_in = _up(np.concatenate([np.full((B, 1), 10), y[:, :-1]], axis=1))
+        x = up(r.standard_normal((B, T, 12)).astype(np.float32))
+        tgt_in = up(np.concatenate([np.full((B, 1), 10), y[:, :-1]], axis=1))
         layers = {} if name == "abstractor" else dict(n_encoder_layers=4, n_decoder_layers=4)
-        model = build_seq2seq(name, 11, 10, AbstractorConfig(**layers), d_src=12).to(DEVICE)
-        yd, opt = _up(y), optim.AdamW(model.parameters(), 1e-3, weight_decay=0.0)
-        return model, lambda: F.cross_entropy(model(x, tgt_in), yd), opt, None, backend.RNG(0, DEVICE)
+        model = build_seq2seq(name, 11, 10, AbstractorConfig(**layers), d_src=12).to(device)
+        yd, opt = up(y), optim.AdamW(model.parameters(), 1e-3, weight_decay=0.0)
+        return model, lambda: F.cross_entropy(model(x, tgt_in), yd), opt, None, backend.RNG(0, device)
 
-    return [("ndr (CTL, cpu preset)", lambda: ndr_ctl_step("ndr")),
-            ("transformer (CTL, cpu preset)", lambda: ndr_ctl_step("transformer")),
-            ("transformer-rel-gate (CTL)", lambda: ndr_ctl_step("transformer-rel-gate")),
-            ("transformer-coda (CTL)", lambda: ndr_ctl_step("transformer-coda")),
+    return [("ndr (CTL, cpu preset)", lambda: ndr_ctl_step("ndr", device)),
+            ("transformer (CTL, cpu preset)", lambda: ndr_ctl_step("transformer", device)),
+            ("transformer-rel-gate (CTL)", lambda: ndr_ctl_step("transformer-rel-gate", device)),
+            ("transformer-coda (CTL)", lambda: ndr_ctl_step("transformer-coda", device)),
             ("crt mha", lambda: crt("mha")), ("crt compositional", lambda: crt("compositional")),
             ("seq2attn (batch 64)", seq2attn),
             ("abstractor", lambda: abstractor("abstractor")),
@@ -213,11 +192,9 @@ def table(only=None):
 
 
 if __name__ == "__main__":
-    # the GPU tier on (MINATTN_KERNELS=1): each kernel counts one launch
     if "--kernels" in sys.argv:
         sys.argv.remove("--kernels")
         kernels.switch(True)
-    # where the launches of one family come from
     if len(sys.argv) > 1 and sys.argv[1] == "--detail":
         COUNTER.detail = True
         build = dict(families())[sys.argv[2]] if len(sys.argv) > 2 else ndr_ctl_step

@@ -1,45 +1,27 @@
-"""One command for a GPU machine: ``python -m minattn.tools.gpucheck`` (``make gpu-check``).
+"""One command for a GPU machine (``make gpu-check``) and, with ``--window --out DIR``, the one call
+for a lent GPU (docs/gpu.md). Its parts, in the order a decision on the GPU tier
+(minattn/fast/kernels*.py, off unless MINATTN_KERNELS=1) needs them:
 
-It runs, printing their output as they go, and then one summary line for each:
-
-1. ``tests``:  the GPU test cases (``pytest -m gpu`` with MINATTN_REQUIRE_GPU=1, so a skip is a failure);
-2. ``kernels``: each GPU kernel of the annex (minattn/fast/kernels.py, off in training unless
-   MINATTN_KERNELS=1) against its NumPy definition on the same inputs: float32, 1e-5 relative to the
-   array's largest entry, the same argmax in every row (a tie in the definition excepted); one line
-   each;
-3. ``bench``:  ``python -m minattn.tools.bench --device gpu``;
-4. ``resume``: NDR on CTL at the paper preset for 200 steps, and the same run stopped after 100
-   steps and resumed to 200: every array of the two final checkpoints (parameters, optimizer state)
-   and the final metrics must be bit-identical. Float atomics or a device RNG that does not replay
-   would show here first;
-5. ``torch``:  where PyTorch is installed, NDR's training step at the paper's CTL shape against the same
-   model in PyTorch eager on the same device (``python -m minattn.tools.torch_twin``), after
-   ``tests/tools/test_torch_twin.py`` has checked that the two compute the same logits and gradients. Without
-   torch it passes as "skipped" (torch is no dependency of minattn).
-
-``--window --out DIR`` is instead the one call for a lent GPU (docs/gpu.md): what the decision on
-the kernels needs, in that order, in about 8 minutes, each part written to its own file in DIR as it
-finishes (and its summary line to DIR/summary.txt):
-
-a. ``a-kernels.txt``: the kernels against their definitions (part 2 above);
-b. ``b-steps.txt``: NDR's training step with the kernels off, on, and in PyTorch eager (the twin),
+a. ``kernels``: each kernel form against its NumPy definition on the same inputs (``compare``);
+b. ``steps``: NDR's training step with the kernels off, on, and in PyTorch eager (the twin, once
+   tests/tools/test_torch_twin.py has shown it computes the same; skipped without torch),
    alternating in one process, at the paper and cpu presets;
-c. ``c-why.txt``: why: a batch-1 step (host work alone) on the device and on NumPy, which splits
-   host time into minattn's Python and CuPy's cost per call; the GPU's busy time per step; the host
-   time of each phase (forward, backward, clip, optimizer); a profile of kernels-on training steps;
-d. ``d-resume.txt``: part 4 with the kernels on, 100 steps;
-e. ``e-suite.txt``: part 1 with the kernels on;
-f. ``f-card.txt``: the card's run, ``train.py --task ctl --model ndr --device gpu`` into
-   DIR/f-card-run, with the kernels on if (a) passed, until ``--budget`` seconds from the start;
-   then SIGTERM: train.py saves its step, and a later window continues it (``--card-run`` that
-   directory).
+c. ``why``: host time split into minattn's Python and CuPy's cost per call (a batch-1 step on the
+   device and on NumPy), per-phase host times, a profile of kernels-on steps, the GPU's busy time;
+d. ``resume``: NDR on CTL straight, and stopped halfway then resumed: every checkpoint array and
+   the final metrics bit-identical (float atomics or a device RNG that does not replay show here);
+e. ``suite``: ``pytest -m gpu`` with MINATTN_REQUIRE_GPU=1 (a skip is a failure);
+f. ``card``: ``train.py --task ctl --model ndr`` into DIR/f-card-run, the kernels on if (a) passed,
+   until ``--budget`` seconds from the start; then SIGTERM (train.py saves its step; a later window
+   continues it with ``--card-run``).
 
-``--device cpu`` runs every part on the CPU (tests/tools/test_gpucheck.py, with smaller sizes).
-
-It needs a Python with numpy, cupy, tqdm and pytest and nothing else (no venv, no network): ``make
-gpu-check`` uses such a Python as it is. It runs ``train.py`` from the repository this package sits
-in. Arguments after ``--`` go to every train.py run (the tests use that for a tiny model on the
-CPU). Exit status: 0 when every part passed, 1 when one failed, 2 when the device cannot be used.
+Without ``--window`` it runs (a)-(e), 200 steps in (d); ``--window`` runs all six, 100 steps in (d),
+and (d) and (e) with the kernels on. With ``--out DIR`` each part's output also goes to
+DIR/<part>.txt as it runs and its summary line to DIR/summary.txt, so a cut call keeps the parts
+before it. ``--device cpu`` runs every part on the CPU (tests/tools/test_gpucheck.py). It needs a
+Python with numpy, cupy, tqdm and pytest (no venv, no network), runs train.py from this repository
+with the arguments after ``--``, and exits 0 when every part passed, 1 when one failed, 2 when the
+device cannot be used.
 """
 import argparse
 import contextlib
@@ -63,7 +45,6 @@ from minattn import backend
 from . import bench
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PARTS = ("tests", "kernels", "bench", "resume", "torch")
 
 
 def _run(argv, env=None, stop_after=None):
@@ -86,79 +67,14 @@ def _run(argv, env=None, stop_after=None):
     return code, lines
 
 
-def check_tests(device, opts):
-    code, lines = _run([sys.executable, "-m", "pytest", "-q", "-m", "gpu"],
-                       env={"MINATTN_REQUIRE_GPU": "1" if device == "gpu" else "0", **opts.env})
+def _pytest(device, *args, env=None):
+    """pytest on ``args`` (a skipped GPU case fails on a GPU): (passed, pytest's last line)."""
+    code, lines = _run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+                       env={"MINATTN_REQUIRE_GPU": "1" if device == "gpu" else "0", **(env or {})})
     return code == 0, (lines[-1].strip("= ") if lines else "no output")
 
 
-def check_bench(device, _):
-    code, lines = _run([sys.executable, "-m", "minattn.tools.bench", "--device", device])
-    ndr = [ln.strip() for ln in lines if ln.strip().startswith("train")][:1]
-    return code == 0, ("NDR " + ndr[0] if ndr else f"exit status {code}")
-
-
-def checkpoint_arrays(run_dir):
-    """Every array of a run's checkpoint.npz, by name (the JSON metadata, which holds wall times,
-    aside)."""
-    with np.load(os.path.join(run_dir, "checkpoint.npz"), allow_pickle=False) as z:
-        return {k: z[k] for k in z.files if k != "metadata"}
-
-
-def compare_arrays(a, b):
-    """None when both dicts hold the same keys and bit-identical arrays, else what differs first."""
-    if a.keys() != b.keys():
-        return f"different arrays: {sorted(set(a) ^ set(b))[:3]}"
-    for k in sorted(a):
-        if a[k].shape != b[k].shape or a[k].dtype != b[k].dtype or a[k].tobytes() != b[k].tobytes():
-            same_shape = a[k].shape == b[k].shape
-            diff = np.abs(a[k].astype(np.float64) - b[k].astype(np.float64)).max() if same_shape else "shape"
-            return f"{k} differs (max |diff| {diff})"
-    return None
-
-
-def check_resume(device, opts):
-    """200 steps straight vs 100 + resume to 200, compared bit for bit."""
-    steps, half = opts.steps, opts.steps // 2
-    base = [sys.executable, "train.py", "--task", "ctl", "--model", "ndr", "--preset", opts.preset,
-            "--device", device, "--no-progress", *opts.train_args]
-    with tempfile.TemporaryDirectory(prefix="gpucheck-") as tmp:
-        straight, split = os.path.join(tmp, "straight"), os.path.join(tmp, "split")
-        for argv in ([*base, "--steps", str(steps), "--out", straight],
-                     [*base, "--steps", str(half), "--out", split],
-                     [*base, "--steps", str(steps), "--out", split, "--resume"]):
-            code, lines = _run(argv, opts.env)
-            if code != 0:
-                return False, f"train.py exited {code}: {lines[-1] if lines else ''}"
-        a, b = checkpoint_arrays(straight), checkpoint_arrays(split)
-        results = [json.load(open(os.path.join(d, "results.json"))) for d in (straight, split)]
-    problem = compare_arrays(a, b)
-    if problem is None and results[0]["final_metrics"] != results[1]["final_metrics"]:
-        problem = f"final metrics differ: {results[0]['final_metrics']} vs {results[1]['final_metrics']}"
-    if problem:
-        return False, f"{steps} steps straight vs {half} + resume: {problem}"
-    return True, (f"{steps} steps straight == {half} + resume to {steps}: {len(a)} arrays "
-                  f"bit-identical; {results[0]['ms_per_step']} ms/step; final "
-                  f"{results[0]['final_metrics']}")
-
-
-def check_torch(device, opts):
-    """minattn/torch ms per step of NDR at the paper's CTL shape, once the twin is shown to compute
-    the same."""
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        return True, "skipped: PyTorch is not installed"
-    code, lines = _run([sys.executable, "-m", "pytest", "-q", "tests/tools/test_torch_twin.py"])
-    if code != 0:
-        return False, "the torch twin does not match minattn: " + (lines[-1] if lines else "")
-    code, lines = _run([sys.executable, "-m", "minattn.tools.torch_twin", "--device", device,
-                        "--preset", "paper"])
-    timing = [ln.strip() for ln in lines if "minattn/torch" in ln][:1]
-    return code == 0 and bool(timing), (timing[0] if timing else f"exit status {code}")
-
-
-# --- kernels: each GPU kernel of the annex (minattn/fast/kernels.py) against its definition -------
+# --- (a) each GPU kernel of the annex (minattn/fast/kernels.py) against its definition ---------
 
 TOLERANCE = 1e-5   # float32: the largest difference, relative to the definition's largest entry
 
@@ -199,12 +115,11 @@ def _forward_backward(device, fn, *inputs, seed=1):
     y = fn(*ins)
     gy = np.random.default_rng(seed).standard_normal(y.shape).astype(np.float32)
     y.backward(backend.to_device(gy, device))
-    grads = {f"grad {i}": t.grad for i, t in enumerate(ins) if not isinstance(t, Module)}
-    for i, m in enumerate(ins):
-        if isinstance(m, Module):
-            grads.update({f"grad {i}.{n}": p.grad for n, p in m.named_parameters()})
-    grads["forward"] = y.data
-    return {k: backend.to_numpy(g) for k, g in grads.items()}
+    out = {"forward": y.data}
+    for i, t in enumerate(ins):
+        named = [(f".{n}", p) for n, p in t.named_parameters()] if isinstance(t, Module) else [("", t)]
+        out.update({f"grad {i}{n}": p.grad for n, p in named})
+    return {k: backend.to_numpy(g) for k, g in out.items()}
 
 
 def kernel_cases():
@@ -225,11 +140,6 @@ def kernel_cases():
     x, h = normal(B, T, d), normal(B, T, d)
     norm_weight, norm_bias = 1 + 0.1 * normal(d), 0.1 * normal(d)
 
-    def norm():
-        m = nn.LayerNorm(d)
-        m.weight.data, m.bias.data = norm_weight, norm_bias
-        return m
-
     def logits(dev):
         right = backend.to_device(j > i, dev)
         return _forward_backward(dev, lambda q, s_, a: faster(G.directional_logits, q)(
@@ -240,7 +150,9 @@ def kernel_cases():
         return _forward_backward(dev, lambda z_: G.geometric_attention_weights(z_, mask), z)
 
     def layer_norm(dev):
-        return _forward_backward(dev, lambda x_, n: F.layer_norm(x_, n.weight, n.bias), x, norm())
+        n = nn.LayerNorm(d)
+        n.weight.data, n.bias.data = norm_weight, norm_bias
+        return _forward_backward(dev, lambda x_, n_: F.layer_norm(x_, n_.weight, n_.bias), x, n)
 
     def layer(dev):
         cfg = EncoderConfig(d_model=d, n_head=H, d_ff=2 * d, dropout=0.3)
@@ -256,61 +168,48 @@ def kernel_cases():
 
 
 def check_kernels(device, _):
-    """Each kernel form with the kernels on against the same code with them off (its definition)."""
-    from minattn.engine import plain
-    from minattn.fast import kernels
-    if device not in kernels.KERNEL_DEVICES:
-        print(f"(on {device} no kernel runs: each definition is compared with itself)")
-    failed, worst, cases = [], 0.0, kernel_cases()
-    for name, case in cases:
-        with plain(False):
-            with kernels.switched(False):
-                ref = case(device)
-            with kernels.switched(True):
-                got = case(device)
-        rel, ties, problem = compare(ref, got)
-        worst = max(worst, rel)
-        print(f"  {name:40s} {'DIFFERS' if problem else 'equal'}  max rel. diff {rel:.1e}, "
-              f"same argmax ({ties} ties)" + (f": {problem}" if problem else ""), flush=True)
-        if problem:
-            failed.append(name)
-    if failed:
-        return False, f"{len(failed)} kernel(s) differ from their definitions: {', '.join(failed)}"
-    return True, f"{len(cases)} kernel forms equal to their definitions (max rel. diff {worst:.1e})"
+    """Each kernel form with the kernels on against the same code with them off (its definition):
+    ``kernel_cases`` compared by tests/library/test_gpu_kernels.py on the device, and on NumPy
+    transcriptions of the kernels' CUDA."""
+    return _pytest(device, "-v", "tests/library/test_gpu_kernels.py", "-k", "equals_its_definition")
 
 
-CHECKS = {"tests": check_tests, "bench": check_bench, "resume": check_resume, "torch": check_torch,
-          "kernels": check_kernels}
-
-
-# --- the GPU window (--window): one call, its parts in the order the decision needs them ---------
+# --- (b) NDR's step with the kernels off, on and in PyTorch eager; (c) why ------------------------
 
 def have_torch():
     return importlib.util.find_spec("torch") is not None
 
 
-def window_steps(device, opts):
-    """(b) NDR's training step with the kernels off, on, and in PyTorch eager (the twin), in one
-    process: ``--rounds`` rounds, the order reversed every other round, each round a
-    ``bench.timeit`` block of at least ``--min-time`` seconds per variant; the median of each and
-    the ratios."""
-    from minattn.fast import kernels
-    from .torch_twin import twin_step
-    xp, found = backend.get_xp(device), []
+def twin_problem(device):
+    """None when the torch twin computes what minattn does (tests/tools/test_torch_twin.py), else
+    why it is not timed."""
     if not have_torch():
-        print("torch eager: skipped (PyTorch is not installed)")
+        return "PyTorch is not installed"
+    ok, last = _pytest(device, "-q", "tests/tools/test_torch_twin.py")
+    return None if ok else "the torch twin does not match minattn: " + last
+
+
+def check_steps(device, opts):
+    """NDR's training step with the kernels off, on, and in PyTorch eager (the twin), in one process:
+    ``--rounds`` rounds, the order reversed every other round, each round a ``bench.timeit`` block of
+    at least ``--min-time`` seconds per variant; the median of each and the ratios."""
+    from minattn.fast import kernels
+    xp, found, twin = backend.get_xp(device), [], twin_problem(device)
     for preset in opts.presets.split(","):
         variants = {}   # name -> (step, sync, kernels on)
         for name, on in (("kernels off", False), ("kernels on", True)):
             step, _, inputs, run = bench.ndr_step(device, preset, opts.batch)
             variants[name] = step, None, on
         try:            # a twin that cannot run costs its column, not the kernels' numbers
-            if have_torch():
+            if twin is None:
+                from .torch_twin import twin_step
                 torch_step, torch_sync = twin_step(run, inputs, device)
                 torch_step()
                 variants["torch eager"] = torch_step, torch_sync, False
         except Exception as e:
-            print(f"torch eager: skipped ({e.__class__.__name__}: {e})")
+            twin = f"{e.__class__.__name__}: {e}"
+        if twin:
+            print(f"torch eager: skipped ({twin})")
         times, order = {name: [] for name in variants}, list(variants)
         for r in range(opts.rounds):
             for name in order if r % 2 == 0 else order[::-1]:
@@ -328,17 +227,8 @@ def window_steps(device, opts):
                            "off/torch": ms["kernels off"] / ms["torch eager"]})
         print("  " + "   ".join(f"{k} {v:.3f}" for k, v in ratios.items()), flush=True)
         found.append(f"{preset}: " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items()))
-    return True, "; ".join(found)
-
-
-def count_launches(kernels_on):
-    """Device operations per NDR training step (the counting device, minattn/tools/counting.py; on
-    the annex's path, as on CuPy)."""
-    from minattn.engine import plain
-    from minattn.fast import kernels
-    from . import counting
-    with plain(False), kernels.switched(kernels_on):
-        return sum(counting.count_step(*counting.ndr_ctl_step())[0].values())
+    mismatch = bool(twin) and twin.startswith("the torch twin")
+    return not mismatch, "; ".join(found + [twin] * mismatch)
 
 
 def gpu_busy_ms(step, xp, host_ms, n=4096):
@@ -371,24 +261,25 @@ def _steps(step, n, xp):
     bench.wait(xp)
 
 
-def window_why(device, opts):
-    """(c) Why: host time = minattn's Python (P) + n device operations × CuPy's cost per call (c);
-    the host time of each phase; a profile of kernels-on training steps; the GPU's busy time (last:
+def check_why(device, opts):
+    """Why: host time = minattn's Python (P) + n device operations × CuPy's cost per call (c); a
+    profile of kernels-on training steps; the host time of each phase and the GPU's busy time (last:
     the one measurement only a GPU runs)."""
     from minattn.engine import plain
     from minattn.fast import kernels
+    from . import counting
     xp, presets = backend.get_xp(device), opts.presets.split(",")
     print("1. host work alone: a batch-1 step (cpu preset; the GPU's work negligible) on the device "
           "and on NumPy (the annex's path, as on CuPy; there the kernels run their definitions)")
-    n = {on: count_launches(on) for on in (False, True)}
-    ms = {}
-    for dev in dict.fromkeys((device, "cpu")):
-        for on in (False, True):
-            with plain(False), kernels.switched(on):
+    n, ms = {}, {}
+    for on in (False, True):
+        with plain(False), kernels.switched(on):
+            n[on] = sum(counting.count_step(*counting.ndr_ctl_step())[0].values())   # device operations
+            for dev in dict.fromkeys((device, "cpu")):
                 step = bench.ndr_step(dev, "cpu", 1)[0]
                 ms[dev, on] = bench.timeit(step, backend.get_xp(dev), 3, opts.min_time) * 1e3
-            print(f"   {dev} kernels {'on ' if on else 'off'}: {ms[dev, on]:7.2f} ms/step, "
-                  f"{n[on]} device operations counted")
+                print(f"   {dev} kernels {'on ' if on else 'off'}: {ms[dev, on]:7.2f} ms/step, "
+                      f"{n[on]} device operations counted")
     found = [f"batch 1: {device} {ms[device, False]:.1f}/{ms[device, True]:.1f} ms (kernels off/on)"]
     if device != "cpu":
         c = {on: (ms[device, on] - ms["cpu", on]) / n[on] * 1e3 for on in (False, True)}
@@ -396,18 +287,7 @@ def window_why(device, opts):
               f"n: {c[False]:.1f} µs per call (kernels off), {c[True]:.1f} µs (on)")
         found.append(f"NumPy {ms['cpu', False]:.1f}/{ms['cpu', True]:.1f} ms, "
                      f"c ≈ {c[False]:.1f}/{c[True]:.1f} µs per call")
-    print("2. host ms per phase (no sync between phases: what the host spends)")
-    for preset in presets:
-        for on in (False, True):
-            phases = {}
-            with kernels.switched(on):
-                step = bench.ndr_step(device, preset, opts.batch, phases)[0]
-                _steps(step, 2, xp)
-                phases.clear()
-                _steps(step, opts.block, xp)
-            print(f"   {preset} kernels {'on ' if on else 'off'}: " + "  ".join(
-                f"{k} {v / opts.block * 1e3:7.2f}" for k, v in phases.items()))
-    print(f"3. cProfile of {opts.block} training steps, kernels on ({presets[0]} preset), by own time")
+    print(f"2. cProfile of {opts.block} training steps, kernels on ({presets[0]} preset), by own time")
     with kernels.switched(True):
         step = bench.ndr_step(device, presets[0], opts.batch)[0]
         _steps(step, 2, xp)
@@ -416,25 +296,78 @@ def window_why(device, opts):
         _steps(step, opts.block, xp)
         profile.disable()
     pstats.Stats(profile, stream=sys.stdout).sort_stats("tottime").print_stats(45)
-    print("4. the GPU's busy time per step (its work queued behind a blocker, CUDA events)")
-    if device == "cpu":
-        print("   skipped: no GPU")
-    for preset, on in [(p, on) for p in presets for on in (False, True)] * (device != "cpu"):
+    print("3. host ms per phase (no sync between phases: what the host spends), and on a GPU its busy "
+          "time per step (its work queued behind a blocker, CUDA events)")
+    for preset, on in [(p, on) for p in presets for on in (False, True)]:
+        phases = {}
         with kernels.switched(on):
-            step = bench.ndr_step(device, preset, opts.batch)[0]
-            host = bench.timeit(step, xp, 1, opts.min_time) * 1e3
-            busy = [gpu_busy_ms(step, xp, host) for _ in range(3)]
-        gpu = statistics.median(b for b, _ in busy)
-        print(f"   {preset} kernels {'on ' if on else 'off'}: GPU {gpu:7.2f} ms of the step's "
-              f"{host:7.2f} ms" + ("" if all(q for _, q in busy) else
-                                   "  (the host was not ahead of the GPU: an upper bound)"))
+            step = bench.ndr_step(device, preset, opts.batch, bench.timed(phases))[0]
+            _steps(step, 2, xp)
+            phases.clear()
+            _steps(step, opts.block, xp)
+            row = "  ".join(f"{k} {v / opts.block * 1e3:7.2f}" for k, v in phases.items())
+            host = sum(phases.values()) / opts.block * 1e3
+            busy = [gpu_busy_ms(step, xp, host) for _ in range(3 * (device != "cpu"))]
+        if busy:
+            row += f"   GPU {statistics.median(b for b, _ in busy):7.2f} ms" + (
+                "" if all(q for _, q in busy) else " (the host was not ahead of the GPU: an upper bound)")
+        print(f"   {preset} kernels {'on ' if on else 'off'}: {row}")
     return True, "; ".join(found)
 
 
-def window_card(device, opts):
-    """(f) The card's run in OUT/f-card-run, until the window's time is up: then SIGTERM, on which
-    train.py saves its step. ``--card-run DIR``: an earlier window's f-card-run, copied there first
-    and continued (--resume)."""
+# --- (d) resume bit for bit; (e) the GPU suite; (f) the card's run ----------------------------------
+
+def checkpoint_arrays(run_dir):
+    """Every array of a run's checkpoint.npz, by name (the JSON metadata, which holds wall times,
+    aside)."""
+    with np.load(os.path.join(run_dir, "checkpoint.npz"), allow_pickle=False) as z:
+        return {k: z[k] for k in z.files if k != "metadata"}
+
+
+def compare_arrays(a, b):
+    """None when both dicts hold the same keys and bit-identical arrays, else what differs first."""
+    if a.keys() != b.keys():
+        return f"different arrays: {sorted(set(a) ^ set(b))[:3]}"
+    for k in sorted(a):
+        if a[k].shape != b[k].shape or a[k].dtype != b[k].dtype or a[k].tobytes() != b[k].tobytes():
+            same_shape = a[k].shape == b[k].shape
+            diff = np.abs(a[k].astype(np.float64) - b[k].astype(np.float64)).max() if same_shape else "shape"
+            return f"{k} differs (max |diff| {diff})"
+    return None
+
+
+def check_resume(device, opts):
+    """200 steps straight vs 100 + resume to 200, compared bit for bit."""
+    steps, half = opts.steps, opts.steps // 2
+    base = [sys.executable, "train.py", "--task", "ctl", "--model", "ndr", "--device", device,
+            "--preset", opts.presets.split(",")[0], "--no-progress", *opts.train_args]
+    with tempfile.TemporaryDirectory(prefix="gpucheck-") as tmp:
+        straight, split = os.path.join(tmp, "straight"), os.path.join(tmp, "split")
+        for argv in ([*base, "--steps", str(steps), "--out", straight],
+                     [*base, "--steps", str(half), "--out", split],
+                     [*base, "--steps", str(steps), "--out", split, "--resume"]):
+            code, lines = _run(argv, opts.env)
+            if code != 0:
+                return False, f"train.py exited {code}: {lines[-1] if lines else ''}"
+        a, b = checkpoint_arrays(straight), checkpoint_arrays(split)
+        results = [json.load(open(os.path.join(d, "results.json"))) for d in (straight, split)]
+    problem = compare_arrays(a, b)
+    if problem is None and results[0]["final_metrics"] != results[1]["final_metrics"]:
+        problem = f"final metrics differ: {results[0]['final_metrics']} vs {results[1]['final_metrics']}"
+    if problem:
+        return False, f"{steps} steps straight vs {half} + resume: {problem}"
+    return True, (f"{steps} steps straight == {half} + resume to {steps}: {len(a)} arrays "
+                  f"bit-identical; {results[0]['ms_per_step']} ms/step; final "
+                  f"{results[0]['final_metrics']}")
+
+
+def check_suite(device, opts):
+    return _pytest(device, "-q", "-m", "gpu", env=opts.env)
+
+
+def check_card(device, opts):
+    """The card's run in OUT/f-card-run until the window's time is up, then SIGTERM; ``--card-run
+    DIR``: an earlier window's f-card-run, copied there first and continued (--resume)."""
     run_dir = os.path.join(opts.out, "f-card-run")
     if opts.card_run and not os.path.exists(run_dir):
         shutil.copytree(opts.card_run, run_dir)
@@ -461,8 +394,8 @@ def window_card(device, opts):
 
 STOP_GRACE_S = 15   # seconds between the card's SIGTERM and the budget's end
 MIN_CARD_S = 10     # the card's run gets at least this, even past the budget
-WINDOW = (("a-kernels", check_kernels), ("b-steps", window_steps), ("c-why", window_why),
-          ("d-resume", check_resume), ("e-suite", check_tests), ("f-card", window_card))
+PARTS = (("a-kernels", check_kernels), ("b-steps", check_steps), ("c-why", check_why),
+         ("d-resume", check_resume), ("e-suite", check_suite), ("f-card", check_card))
 
 
 class _Tee:
@@ -481,31 +414,25 @@ class _Tee:
             stream.flush()
 
 
-def attempt(check, device, opts):
-    try:
-        return check(device, opts)
-    except Exception as e:   # keep going: the summary reports it
-        return False, f"{e.__class__.__name__}: {e}"
-
-
-def window(device, opts):
-    """Each part of WINDOW in order, its output to DIR/<part>.txt as it runs (and to the console),
-    its summary line appended to DIR/summary.txt; the subprocesses (d, e) run with the kernels on."""
-    os.makedirs(opts.out, exist_ok=True)
-    opts.env, opts.deadline = {"MINATTN_KERNELS": "1"}, time.monotonic() + opts.budget
-    opts.kernels_passed = False
+def run_parts(parts, device, opts):
+    """Each part in order, its output to the console and (with --out) to OUT/<part>.txt as it runs,
+    its summary line appended to OUT/summary.txt."""
+    def path(name):
+        return os.path.join(opts.out, name) if opts.out else os.devnull
     summary, t0 = [], time.monotonic()
-    for name, check in WINDOW:
-        with open(os.path.join(opts.out, name + ".txt"), "w") as f, \
-                contextlib.redirect_stdout(_Tee(sys.stdout, f)):
-            print(f"=== gpu window: {name} ({time.monotonic() - t0:.0f} s in; device {device}) ===",
+    for name, check in parts:
+        with open(path(name + ".txt"), "w") as f, contextlib.redirect_stdout(_Tee(sys.stdout, f)):
+            print(f"=== gpu-check: {name} ({time.monotonic() - t0:.0f} s in; device {device}) ===",
                   flush=True)
-            ok, detail = attempt(check, device, opts)
+            try:
+                ok, detail = check(device, opts)
+            except Exception as e:   # keep going: the summary reports it
+                ok, detail = False, f"{e.__class__.__name__}: {e}"
             print(f"{name} {'PASS' if ok else 'FAIL'}  {detail}")
         if name == "a-kernels":
             opts.kernels_passed = ok      # the card's run (f) turns them on only then
         summary.append((name, ok, detail))
-        with open(os.path.join(opts.out, "summary.txt"), "a") as f:
+        with open(path("summary.txt"), "a") as f:
             f.write(f"{name:9s} {'PASS' if ok else 'FAIL'}  {detail}\n")
     return summary
 
@@ -513,31 +440,33 @@ def window(device, opts):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    names = [name[2:] for name, _ in PARTS]
     ap.add_argument("--device", default="gpu", help="gpu (cpu only to test this check itself)")
-    ap.add_argument("--only", default=",".join(PARTS),
-                    help=f"comma-separated parts of {list(PARTS)}")
+    ap.add_argument("--only", help=f"comma-separated parts of {names} (default: all but the card's "
+                                   "run; with --window all)")
+    ap.add_argument("--window", action="store_true",
+                    help="the GPU window: every part, the kernels on in (d) and (e); needs --out")
+    ap.add_argument("--out", help="the directory of the parts' files (needed by the card's run)")
     ap.add_argument("--steps", type=int, default=None,
-                    help="steps of the resume check (resumed at half; 200, in the window 100)")
-    ap.add_argument("--preset", default="paper", help="train.py preset of the resume check")
-    ap.add_argument("--window", action="store_true", help="the GPU window (a)-(f) into --out DIR")
-    ap.add_argument("--out", help="--window: the directory of its files")
-    ap.add_argument("--budget", type=float, default=480,
-                    help="--window: seconds from its start to the end of the card's run (f)")
-    ap.add_argument("--presets", default="paper,cpu", help="--window (b, c): NDR's presets")
-    ap.add_argument("--batch", type=int, default=0, help="--window (b, c): another batch size")
-    ap.add_argument("--rounds", type=int, default=5, help="--window (b): alternating rounds")
-    ap.add_argument("--min-time", type=float, default=0.5, help="--window (b, c): s per timing")
+                    help="(d): steps, resumed at half (200; with --window 100)")
+    ap.add_argument("--presets", default="paper,cpu", help="(b, c): NDR's presets; (d): the first")
+    ap.add_argument("--batch", type=int, default=0, help="(b, c): another batch size")
+    ap.add_argument("--rounds", type=int, default=5, help="(b): alternating rounds")
+    ap.add_argument("--min-time", type=float, default=0.5, help="(b, c): seconds per timing")
     ap.add_argument("--block", type=int, default=20,
-                    help="--window (c): steps of the per-phase times and of the profile")
-    ap.add_argument("--card-run", help="--window (f): an earlier window's f-card-run, to continue")
+                    help="(c): steps of the per-phase times and of the profile")
+    ap.add_argument("--budget", type=float, default=480,
+                    help="(f): seconds from the start to the end of the card's run")
+    ap.add_argument("--card-run", help="(f): an earlier window's f-card-run, to continue")
     ap.add_argument("train_args", nargs="*",
-                    help="after --: more train.py arguments for the resume check and the card's run")
+                    help="after --: more train.py arguments for (d) and (f)")
     opts = ap.parse_args(argv)
-    opts.env, parts = {}, opts.only.split(",")
+    only = opts.only.split(",") if opts.only else [n for n in names if opts.window or n != "card"]
     opts.steps = opts.steps or (100 if opts.window else 200)
-    problem = (f"--only takes {', '.join(PARTS)}" if set(parts) - set(PARTS) else
+    problem = (f"--only takes {', '.join(names)}" if set(only) - set(names) else
                "--steps takes at least 2" if opts.steps < 2 else
-               "--window needs --out DIR" if opts.window and not opts.out else
+               "--window and the card's run need --out DIR"
+               if (opts.window or "card" in only) and not opts.out else
                "--presets takes paper, cpu" if set(opts.presets.split(",")) - {"paper", "cpu"} else
                "--rounds, --min-time and --block take positive numbers"
                if min(opts.rounds, opts.min_time, opts.block, opts.batch + 1) <= 0 else None)
@@ -546,25 +475,22 @@ def main(argv=None):
         return 2
     if not os.path.exists(os.path.join(ROOT, "train.py")):
         print(f"error: gpucheck runs train.py from the repository, and {ROOT} has none: run it in "
-              "a clone",
-              file=sys.stderr)
+              "a clone", file=sys.stderr)
         return 2
     try:
-        backend.get_xp(opts.device)   # an unusable GPU is one line here, not three failures
+        backend.get_xp(opts.device)   # an unusable GPU is one line here, not six failures
     except backend.DeviceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if opts.out:
+        os.makedirs(opts.out, exist_ok=True)
+    opts.env = {"MINATTN_KERNELS": "1"} if opts.window else {}
+    opts.deadline, opts.kernels_passed = time.monotonic() + opts.budget, False
     t0 = time.perf_counter()
-    if opts.window:
-        summary = window(opts.device, opts)
-    else:
-        summary = []
-        for name in parts:
-            print(f"\n=== gpu-check: {name} ===", flush=True)
-            summary.append((name, *attempt(CHECKS[name], opts.device, opts)))
+    summary = run_parts([(name, check) for name, check in PARTS if name[2:] in only], opts.device, opts)
     print(f"\n=== gpu-check summary (device {opts.device}, {time.perf_counter() - t0:.0f} s) ===")
     for name, ok, detail in summary:
-        print(f"{name:{9 if opts.window else 7}s} {'PASS' if ok else 'FAIL'}  {detail}")
+        print(f"{name:9s} {'PASS' if ok else 'FAIL'}  {detail}")
     passed = all(ok for _, ok, _ in summary)
     print("gpu-check: " + ("all passed" if passed else "FAILED"))
     return 0 if passed else 1

@@ -1,35 +1,23 @@
 """The strict test device: NumPy arrays that behave as CuPy's do, and an optional counter of what CuPy
 would do with them.
 
-``StrictArray`` wraps a NumPy array. Arithmetic, ufuncs (``__array_ufunc__``) and NumPy functions
-(``__array_function__``) work and return StrictArrays; but ``numpy.asarray(x)``, ``float(x)``,
-``int(x)``, ``bool(x)``, ``x.item()`` and ``x.tolist()`` raise, and so does mixing a StrictArray with
-a plain host ``ndarray`` in one operation (CuPy raises there too). The only way out is the explicit
-``x.get()`` that ``backend.to_numpy`` uses. Running a model on this device proves, without a GPU, that
-its forward and backward never silently move data between host and device.
+``StrictArray`` wraps a NumPy array. Arithmetic, ufuncs and NumPy functions (NEP 13/18) work and
+return StrictArrays; ``numpy.asarray(x)``, ``float(x)``, ``int(x)``, ``bool(x)``, ``x.item()``,
+``x.tolist()`` and mixing in a host ``ndarray`` raise, as on CuPy: the only way out is the explicit
+``x.get()`` of ``backend.to_numpy``. A model that runs here never moves data between host and device
+unasked.
 
-The hook: a subclass that sets ``counter`` (minattn/tools/counting.py) is told of each operation as
-CuPy would run it, ``counter.launch(n, what)``, and of each device-to-host transfer,
-``counter.sync(what)``; it counts an implicit transfer instead of refusing it. By CuPy's rules:
-
-* one **launch** for each ufunc call (elementwise op, in-place op, ``ufunc.at``), reduction, matmul,
-  array function (where, concatenate, cumsum, clip, take, ...), copy, ``astype`` to another dtype,
-  ``__setitem__``, array creation that fills memory (zeros, ones, arange, eye, ...), random draw,
-  and upload of host data (``xp.asarray(numpy_array)``);
-* advanced indexing as CuPy serves it (cupy/_core/_routines_indexing.pyx): one integer array is one
-  ``take``; n integer arrays (``x[..., rows, perm]``) are 2 + n launches (fill the flat index, fold
-  in each array, then the take);
-* one more launch (a copy) for each matmul operand cuBLAS cannot read in place, by CuPy's rules
-  (cupy/_core/_routines_linalg.pyx): a batched product (an operand of 3 or more dimensions) copies
-  each operand that is not C-contiguous, transposed views included; a 2-D product (``dot``) each
-  operand that is neither C- nor F-contiguous (a column slice);
-* nothing for what CuPy does without a kernel: views (reshape of a contiguous array, transpose,
-  swapaxes, basic slicing, broadcast_to, split, flip, expand_dims), ``empty``, shapes and dtypes;
-  a reshape or ravel that has to copy counts 1;
-* one **sync** for each device-to-host transfer: the conversions above, ``.get()``, and boolean-mask
-  indexing (CuPy must learn the result's size on the host).
-
-It is an estimate, not CuPy: a CuPy cumsum or concatenate of many arrays can be 2–3 kernels.
+A subclass that sets ``counter`` (minattn/tools/counting.py) is told of each operation as CuPy would
+run it, ``counter.launch(n, what)``, and of each device-to-host transfer, ``counter.sync(what)``,
+which it then allows. CuPy's rules: one launch per ufunc call, reduction, matmul, array function,
+copy, ``astype`` to another dtype, ``__setitem__``, creation that fills memory, random draw and
+upload; one integer index array is one ``take``, n of them 2 + n launches
+(cupy/_core/_routines_indexing.pyx); a matmul operand cuBLAS cannot read in place costs a copy (a
+batched product's operand that is not C-contiguous, a 2-D product's that is neither C- nor
+F-contiguous: cupy/_core/_routines_linalg.pyx); views, ``empty``, shapes and dtypes cost nothing, a
+reshape that has to copy one; a sync for each transfer to the host, boolean-mask indexing included
+(the result's size is learned there). An estimate: a CuPy cumsum or a concatenate of many arrays can
+be 2–3 kernels.
 """
 import types
 
@@ -64,8 +52,6 @@ def _transfer(what, convert):
 # Array functions and methods that CuPy serves with a view (no kernel) when it can.
 _VIEWS = {"reshape", "ravel", "transpose", "swapaxes", "moveaxis", "squeeze", "expand_dims", "broadcast_to",
           "flip", "split", "array_split", "view", "diagonal", "atleast_1d", "atleast_2d", "T"}
-# ... and those that never touch the data.
-_FREE = {"shape", "ndim", "result_type", "may_share_memory", "shares_memory", "broadcast_shapes"}
 
 
 def _operand_copies(a, b):
@@ -96,7 +82,7 @@ class StrictArray:
 
     def _count(self, name, args, r):
         """The launches of the array function or method ``name`` with result ``r``."""
-        if self.counter is None or name in _FREE:
+        if self.counter is None:
             return
         if name == "dot" and len(args) == 2:
             self._launch(_operand_copies(*_unwrap(args)), "matmul operand copy")
@@ -216,8 +202,7 @@ StrictArray.__hash__ = None
 
 
 class _RandomState:
-    """cupy.random.RandomState: creating one sets up a cuRAND generator (a launch); reseeding sets
-    its seed and offset (none)."""
+    """cupy.random.RandomState: creating one sets up a cuRAND generator (a launch); reseeding none."""
 
     def __init__(self, array, seed):
         self.array, self._rs = array, np.random.RandomState(seed)
@@ -232,10 +217,8 @@ class _RandomState:
 
 
 class Module:
-    """The ``xp`` of a device whose arrays are ``array`` (StrictArray or a subclass): creation
-    functions return such arrays and count a launch (``empty`` none; ``asarray`` of device data none
-    unless it converts); the rest is NumPy's own and dispatches to the array through the NEP 13/18
-    protocols."""
+    """The ``xp`` of a device whose arrays are ``array``: creation functions make such arrays (and
+    count a launch, as above); the rest is NumPy's own, dispatching to the array (NEP 13/18)."""
     _CREATE = {"zeros", "ones", "full", "arange", "eye", "linspace", "zeros_like", "ones_like", "full_like",
                "empty", "empty_like", "asarray", "array", "ascontiguousarray"}
 

@@ -1,10 +1,9 @@
 """`make gpu-check` (minattn.tools.gpucheck): what can be checked without a GPU — the resume comparison on the CPU,
-its power to find a difference, the one-line refusal without a GPU, the Makefile wiring, and the GPU window
-(`--window`) end to end on the CPU."""
+its power to find a difference, the one-line refusal without a GPU, the Makefile wiring, and every part (the GPU
+window, `--window`) end to end on the CPU."""
 import json
 import os
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -21,9 +20,9 @@ def test_resume_check_passes_on_the_cpu_and_would_see_one_changed_bit(monkeypatc
     seen = []
     read = gpucheck.checkpoint_arrays
     monkeypatch.setattr(gpucheck, "checkpoint_arrays", lambda d: seen.append(read(d)) or seen[-1])
-    assert gpucheck.main(["--device", "cpu", "--only", "resume", "--steps", "4", "--preset", "cpu", "--", *TINY]) == 0
+    assert gpucheck.main(["--device", "cpu", "--only", "resume", "--steps", "4", "--presets", "cpu", "--", *TINY]) == 0
     out = capsys.readouterr().out
-    assert "resume  PASS  4 steps straight == 2 + resume to 4" in out and "gpu-check: all passed" in out
+    assert "d-resume  PASS  4 steps straight == 2 + resume to 4" in out and "gpu-check: all passed" in out
     straight, split = seen
     assert len(straight) > 10 and gpucheck.compare_arrays(straight, split) is None
     name = next(k for k in sorted(split) if split[k].dtype == np.float32)
@@ -33,9 +32,9 @@ def test_resume_check_passes_on_the_cpu_and_would_see_one_changed_bit(monkeypatc
 
 
 def test_a_failed_part_is_reported_and_exits_1(monkeypatch, capsys):
-    monkeypatch.setitem(gpucheck.CHECKS, "bench", lambda device, opts: (False, "exit status 3"))
-    assert gpucheck.main(["--device", "cpu", "--only", "bench"]) == 1
-    assert "bench   FAIL  exit status 3" in capsys.readouterr().out
+    monkeypatch.setattr(gpucheck, "PARTS", (("e-suite", lambda device, opts: (False, "exit status 3")),))
+    assert gpucheck.main(["--device", "cpu", "--only", "suite"]) == 1
+    assert "e-suite   FAIL  exit status 3" in capsys.readouterr().out
 
 
 def test_without_a_gpu_it_is_one_line_and_exit_2(capsys):
@@ -61,43 +60,32 @@ def test_make_gpu_check_with_a_given_python_builds_no_venv_and_the_venv_gets_cup
     assert "uninstall -q -y cupy-cuda12x" in p.stdout and "install -q 'cupy-cuda13x[ctk]'" in p.stdout
 
 
-def test_the_torch_part_passes_as_skipped_without_torch_and_fails_on_a_mismatch(monkeypatch, capsys):
-    try:
-        import torch  # noqa: F401
-        pytest.skip("torch is installed: the part runs for real (make gpu-check)")
-    except ImportError:
-        pass
-    assert gpucheck.main(["--device", "cpu", "--only", "torch"]) == 0
-    assert "torch   PASS  skipped: PyTorch is not installed" in capsys.readouterr().out
-    monkeypatch.setitem(sys.modules, "torch", object())         # "installed"
+def test_the_steps_part_skips_the_twin_without_torch_and_fails_on_a_mismatch(monkeypatch, capsys):
+    args = ["--device", "cpu", "--only", "steps", "--presets", "cpu", "--batch", "4", "--rounds", "1",
+            "--min-time", "0.01"]
+    monkeypatch.setattr(gpucheck, "have_torch", lambda: False)
+    assert gpucheck.main(args) == 0
+    out = capsys.readouterr().out
+    assert "torch eager: skipped (PyTorch is not installed)" in out and "b-steps   PASS  cpu: on/off " in out
+    monkeypatch.setattr(gpucheck, "have_torch", lambda: True)      # "installed"
     monkeypatch.setattr(gpucheck, "_run", lambda argv, env=None: (1, ["1 failed"]))
-    assert gpucheck.main(["--device", "cpu", "--only", "torch"]) == 1
-    assert "torch   FAIL  the torch twin does not match minattn: 1 failed" in capsys.readouterr().out
+    assert gpucheck.main(args) == 1
+    assert "the torch twin does not match minattn: 1 failed" in capsys.readouterr().out
 
 
-def test_torch_twin_refuses_an_unknown_preset_in_one_line(capsys):
-    from minattn.tools import torch_twin
-    assert torch_twin.main(["--device", "cpu", "--preset", "paper,huge"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "paper, cpu" in err and "huge" in err
-
-
-def test_the_kernels_part_prints_a_line_per_kernel_and_names_the_one_that_differs(monkeypatch, capsys):
+def test_the_kernels_part_runs_the_kernel_tests_a_line_each_and_fails_with_them(monkeypatch, capsys):
     """On the CPU the kernels' launch code runs on NumPy transcriptions of their CUDA (test_gpu_kernels.py)."""
-    from tests.library.test_gpu_kernels import emulate
-    emulate(monkeypatch)
     assert gpucheck.main(["--device", "cpu", "--only", "kernels"]) == 0
     out = capsys.readouterr().out
-    assert out.count("  equal  max rel. diff") == 4
-    assert "kernels PASS  4 kernel forms equal to their definitions" in out
-    emulate(monkeypatch, plant="left key wins ties")
+    assert out.count("equals_its_definition[") == 4 and out.count("equals_its_definition_on_the_gpu[") == 4
+    assert "a-kernels PASS  4 passed, 4 skipped" in out
+    monkeypatch.setattr(gpucheck, "_run", lambda argv, env=None: (1, ["== 1 failed, 3 passed in 2.0s =="]))
     assert gpucheck.main(["--device", "cpu", "--only", "kernels"]) == 1
-    out = capsys.readouterr().out
-    assert "kernels FAIL  2 kernel(s) differ from their definitions: geometric weights (Eq. 7), the" in out
+    assert "a-kernels FAIL  1 failed, 3 passed in 2.0s" in capsys.readouterr().out
 
 
 WINDOW_SMALL = ["--device", "cpu", "--presets", "cpu", "--batch", "8", "--rounds", "1", "--min-time", "0.01",
-                "--block", "2", "--steps", "4", "--preset", "cpu", "--budget", "1"]
+                "--block", "2", "--steps", "4", "--budget", "1"]
 
 
 def test_the_window_runs_every_part_on_the_cpu_one_file_each_and_a_later_window_continues_the_card(
@@ -105,13 +93,13 @@ def test_the_window_runs_every_part_on_the_cpu_one_file_each_and_a_later_window_
     monkeypatch.setattr(gpucheck, "MIN_CARD_S", 8)          # the card's run: 8 s, then SIGTERM
     out = tmp_path / "window"
     assert gpucheck.main(["--window", "--out", str(out), *WINDOW_SMALL, "--", *TINY]) == 0
-    parts = [name for name, _ in gpucheck.WINDOW]
+    parts = [name for name, _ in gpucheck.PARTS]
     assert sorted(os.listdir(out)) == sorted([f"{p}.txt" for p in parts] + ["f-card-run", "summary.txt"])
     text = {p: (out / f"{p}.txt").read_text() for p in parts}
     for p in parts:
-        assert text[p].startswith(f"=== gpu window: {p} (")
+        assert text[p].startswith(f"=== gpu-check: {p} (")
         assert text[p].splitlines()[-1].startswith(f"{p} PASS")
-    assert "4 kernel forms equal to their definitions" in text["a-kernels"]
+    assert "4 passed, 4 skipped" in text["a-kernels"] and "MINATTN_REQUIRE_GPU=0" in text["a-kernels"]
     assert all(f"  {what} " in text["b-steps"] for what in ("kernels off", "kernels on", "on/off"))
     assert "device operations counted" in text["c-why"] and "batch-1 step" in text["c-why"]
     assert all(what in text["c-why"] for what in ("host ms per phase", "optimizer", "cumtime"))
@@ -123,9 +111,8 @@ def test_the_window_runs_every_part_on_the_cpu_one_file_each_and_a_later_window_
     step = json.loads(open(out / "f-card-run" / "metrics.jsonl").readlines()[-1])["step"]
     capsys.readouterr()
     # the next window: only its card's run, which continues the first one's
-    monkeypatch.setattr(gpucheck, "WINDOW", gpucheck.WINDOW[-1:])
-    assert gpucheck.main(["--window", "--out", str(tmp_path / "next"), "--card-run", str(out / "f-card-run"),
-                          *WINDOW_SMALL, "--", *TINY]) == 0
+    assert gpucheck.main(["--window", "--only", "card", "--out", str(tmp_path / "next"), "--card-run",
+                          str(out / "f-card-run"), *WINDOW_SMALL, "--", *TINY]) == 0
     assert "resuming ctl / ndr" in capsys.readouterr().out
     assert json.loads(open(tmp_path / "next" / "f-card-run" / "metrics.jsonl").readlines()[-1])["step"] > step
 
@@ -135,14 +122,15 @@ def test_the_window_turns_the_kernels_on_for_the_card_only_if_they_passed(monkey
     monkeypatch.setattr(gpucheck, "_run",
                         lambda argv, env=None, stop_after=None: seen.append(env) or (1, ["?"]))
     for kernels_ok in (True, False):
-        monkeypatch.setattr(gpucheck, "WINDOW", (("a-kernels", lambda device, opts: (kernels_ok, "")),
-                                                 ("f-card", gpucheck.window_card)))
+        monkeypatch.setattr(gpucheck, "PARTS", (("a-kernels", lambda device, opts: (kernels_ok, "")),
+                                                ("f-card", gpucheck.check_card)))
         assert gpucheck.main(["--window", "--out", str(tmp_path), "--device", "cpu"]) == 1
     assert [env["MINATTN_KERNELS"] for env in seen] == ["1", "0"]
 
 
 def test_the_window_refuses_bad_flags_in_one_line(capsys):
-    for args in (["--window"], ["--window", "--out", "x", "--presets", "huge"], ["--rounds", "0"]):
+    for args in (["--window"], ["--only", "card"], ["--only", "bench"], ["--window", "--out", "x", "--presets", "huge"],
+                 ["--rounds", "0"]):
         assert gpucheck.main(["--device", "cpu", *args]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith("error: ")

@@ -8,14 +8,14 @@ from minattn import functional as F
 from minattn.models.encoder import Classifier, EncoderConfig
 
 torch = pytest.importorskip("torch")
-from minattn.tools.torch_twin import build_twin  # noqa: E402
+from minattn.tools.torch_twin import TorchNDR  # noqa: E402
 
 
 def test_twin_matches_minattn_ndr():
     cfg = EncoderConfig(d_model=32, d_ff=48, n_head=2, n_steps=3, dropout=0.0, attention_dropout=0.0,
                         gate_dropout=0.0)
     model = Classifier("ndr", 19, 8, cfg, seed=3)
-    twin = build_twin(torch)(19, 8, cfg).load(model).double()
+    twin = TorchNDR(model).double()
     rng = np.random.default_rng(0)
     lengths = np.array([7, 5, 8, 4])                       # padded batch: keys past each length are masked
     ids = rng.integers(0, 19, (4, 8))
