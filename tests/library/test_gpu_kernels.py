@@ -19,7 +19,7 @@ from minattn.fast import kernels
 from minattn.fast.grouped import GroupedLayerNorm
 from minattn.models.encoder import CopyGateLayer
 from minattn.ops.fused import LayerNorm
-from minattn.tools import counting, gpucheck
+from minattn.tools import counting
 
 from tests.conftest import _skip_or_fail_without_gpu
 from tests.library.test_launches import NDR_CTL_KERNELS_BUDGET
@@ -185,7 +185,101 @@ def test_every_kernel_has_an_emulation_here():
     assert set(EMULATIONS) == set(kernels.SOURCES)
 
 
-CASES = dict(gpucheck.kernel_cases())
+# --- the cases: each kernel form on fixed inputs, its output and every gradient (make gpu-check's part (a)
+# runs the tests below that use them, on the GPU) ------------------------------------------------------------
+
+TOLERANCE = 1e-5   # float32: the largest difference, relative to the definition's largest entry
+
+
+def compare(ref, got, tol=TOLERANCE):
+    """(largest relative difference, ties, problem or None) for two dicts of host arrays: each array
+    within ``tol`` of the definition's, relative to its largest entry, and the same argmax along its
+    last axis in every row but those where the definition's own top two are closer than ``tol``
+    (ties, counted)."""
+    worst, ties = 0.0, 0
+    for name, r in ref.items():
+        g = got[name]
+        if g.shape != r.shape or not np.all(np.isfinite(g)):
+            return worst, ties, f"{name}: shape {g.shape} vs {r.shape}, or not finite"
+        rows = (-1, r.shape[-1] if r.ndim else 1)
+        r, g = r.astype(np.float64).reshape(rows), g.astype(np.float64).reshape(rows)
+        scale = max(np.abs(r).max(initial=0.0), 1e-30)
+        rel = np.abs(g - r).max(initial=0.0) / scale
+        worst = max(worst, rel)
+        if rel > tol:
+            return worst, ties, f"{name}: relative difference {rel:.1e} > {tol:.0e}"
+        top2 = -np.sort(-r, axis=1)[:, :2]
+        tie = (top2[:, 0] - top2[:, -1] < tol * scale) if r.shape[1] > 1 else np.zeros(len(r), bool)
+        differ = (g.argmax(axis=1) != r.argmax(axis=1)) & ~tie
+        ties += int(tie.sum())
+        if differ.any():
+            return worst, ties, f"{name}: another argmax in {int(differ.sum())} of {len(r)} rows"
+    return worst, ties, None
+
+
+def _forward_backward(device, fn, *inputs, seed=1):
+    """fn(*tensors) on ``device`` and its backward for a fixed random output gradient: the output
+    and every input's gradient, as host arrays. ``inputs``: host arrays or Modules (parameters)."""
+    from minattn.engine import Tensor
+    from minattn.nn import Module
+    ins = [a.to(device) if isinstance(a, Module) else
+           Tensor(backend.to_device(a, device), requires_grad=True) for a in inputs]
+    y = fn(*ins)
+    gy = np.random.default_rng(seed).standard_normal(y.shape).astype(np.float32)
+    y.backward(backend.to_device(gy, device))
+    out = {"forward": y.data}
+    for i, t in enumerate(ins):
+        named = [(f".{n}", p) for n, p in t.named_parameters()] if isinstance(t, Module) else [("", t)]
+        out.update({f"grad {i}{n}": p.grad for n, p in named})
+    return {k: backend.to_numpy(g) for k, g in out.items()}
+
+
+def kernel_cases():
+    """(name, case(device) -> host arrays) for each kernel form: fixed inputs with padding, a width
+    d that is not a multiple of 32, dropout masks drawn from a fixed stream (the same each run)."""
+    from minattn import functional as F
+    from minattn import nn
+    from minattn.attention import geometric as G
+    from minattn.engine import faster
+    from minattn.models.encoder import CopyGateLayer, EncoderConfig
+    B, H, T, d, r = 4, 2, 9, 72, np.random.default_rng(0)
+    i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+    key_mask = j[0] < np.array([T, T - 2, 5, 1])[:, None]          # padding; one row with one key
+
+    def normal(*shape):
+        return r.standard_normal(shape).astype(np.float32)
+    qk, s, abc, z = normal(B, H, T, T), normal(B, H, T, 2), normal(3), 3 * normal(B, H, T, T)
+    x, h = normal(B, T, d), normal(B, T, d)
+    norm_weight, norm_bias = 1 + 0.1 * normal(d), 0.1 * normal(d)
+
+    def logits(dev):
+        right = backend.to_device(j > i, dev)
+        return _forward_backward(dev, lambda q, s_, a: faster(G.directional_logits, q)(
+            q, s_, a[:1], a[1:2], a[2:], right), qk, s, abc)
+
+    def weights(dev):
+        mask = backend.to_device(key_mask, dev)
+        return _forward_backward(dev, lambda z_: G.geometric_attention_weights(z_, mask), z)
+
+    def layer_norm(dev):
+        n = nn.LayerNorm(d)
+        n.weight.data, n.bias.data = norm_weight, norm_bias
+        return _forward_backward(dev, lambda x_, n_: F.layer_norm(x_, n_.weight, n_.bias), x, n)
+
+    def layer(dev):
+        cfg = EncoderConfig(d_model=d, n_head=H, d_ff=2 * d, dropout=0.3)
+        rng = np.random.default_rng(0)                            # the same weights in every run
+        m = CopyGateLayer(G.GeometricAttention(d, H, 0.1, rng=rng), cfg, rng).to(dev)
+        m.set_rng(backend.RNG(7, dev))
+        mask = backend.to_device(key_mask, dev)
+        return _forward_backward(dev, lambda h_, m_: m_(h_, key_mask=mask), h, m)
+
+    return [("directional logits (Eqs. 9-10)", logits), ("geometric weights (Eq. 7)", weights),
+            ("layer norm", layer_norm),
+            ("the NDR copy-gate layer (3 kernels)", layer)]
+
+
+CASES = dict(kernel_cases())
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -196,7 +290,7 @@ def test_each_emulated_kernel_equals_its_definition(name, monkeypatch):
         used = emulate(monkeypatch)
         with kernels.switched(True):
             got = CASES[name]("cpu")
-    worst, ties, problem = gpucheck.compare(ref, got)
+    worst, ties, problem = compare(ref, got)
     assert problem is None, problem
     assert len(used) >= 2 and all(n + "_backward" in used for n in used if not n.endswith("_backward")), used
     print(f"{name}: {sorted(used)}: max rel. diff {worst:.1e}, {ties} ties")
@@ -216,7 +310,7 @@ def test_a_planted_bug_is_caught(plant, case, monkeypatch):
         emulate(monkeypatch, plant)
         with kernels.switched(True):
             got = CASES[case]("cpu")
-    assert gpucheck.compare(ref, got)[2] is not None
+    assert compare(ref, got)[2] is not None
 
 
 def test_dropout_masks_come_from_the_same_draws(monkeypatch):
@@ -332,5 +426,5 @@ def test_each_kernel_equals_its_definition_on_the_gpu(name):
             ref = CASES[name]("gpu")
         with kernels.switched(True):
             got = CASES[name]("gpu")
-    worst, ties, problem = gpucheck.compare(ref, got)
+    worst, ties, problem = compare(ref, got)
     assert problem is None, problem
