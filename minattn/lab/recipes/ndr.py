@@ -24,94 +24,43 @@ from .base import Recipe, Selection, example_name, fraction, parse_tokens, plot_
 # outside ListOps. Readout (§1): SOS on ListOps and for the arithmetic "Transformer" and "+ rel",
 # EOS everywhere else. "+ abs/rel + gate" is "+ rel + gate" plus the abs gate: where the paper has
 # only one of them, both share its row. A model without a row of its own (an attention drop-in such
-# as transformer-coda) trains exactly the Transformer's run.
+# as transformer-coda) trains exactly the Transformer's run. Below: the Transformer's row of each
+# task and the "+ gate" baselines' row; the other rows differ from them only where written.
+CTL = dict(d_model=128, d_ff=256, n_head=4, n_steps=11, embedding_init="normal", readout="eos",
+           dropout=0.1, attention_dropout=0.0, gate_dropout=0.0, steps=30_000, batch_size=512,
+           eval_every=1000, lr=1.5e-4, weight_decay=0.0025, grad_clip=5.0, batching="random")
+CTL_GATE = dict(CTL, d_model=256, d_ff=1024, n_head=1, n_steps=14, dropout=0.5,
+                attention_dropout=0.1, lr=2e-4, weight_decay=0.01)
+ARITH = dict(CTL, readout="sos", dropout=0.5, attention_dropout=0.1, steps=200_000, grad_clip=1.0,
+             batching="bucketed")
+ARITH_GATE = dict(ARITH, d_model=256, d_ff=1024, n_steps=15, readout="eos", gate_dropout=0.1,
+                  steps=100_000, weight_decay=0.01)
+LISTOPS = dict(ARITH, d_model=256, d_ff=1024, n_head=16, n_steps=6, dropout=0.015,
+               attention_dropout=0.05, lr=4e-4, weight_decay=0.05)
+LISTOPS_GATE = dict(LISTOPS, d_model=512, d_ff=2048, n_steps=20, dropout=0.1, attention_dropout=0.1,
+                    gate_dropout=0.05, steps=100_000, lr=2e-4, weight_decay=0.09)
 PAPER = {
-    ("ctl", "transformer"): dict(
-        d_model=128, d_ff=256, n_head=4, n_steps=11, embedding_init="normal", readout="eos",
-        dropout=0.1, attention_dropout=0.0, gate_dropout=0.0, steps=30_000, batch_size=512, eval_every=1000,
-        lr=1.5e-4, weight_decay=0.0025, grad_clip=5.0, batching="random"),
-    ("ctl", "transformer-rel"): dict(
-        d_model=128, d_ff=256, n_head=4, n_steps=11, embedding_init="kaiming", readout="eos",
-        dropout=0.1, attention_dropout=0.0, gate_dropout=0.0, steps=30_000, batch_size=512, eval_every=1000,
-        lr=1.5e-4, weight_decay=0.0025, grad_clip=5.0, batching="random"),
-    ("ctl", "transformer-rel-gate"): dict(
-        d_model=256, d_ff=1024, n_head=1, n_steps=14, embedding_init="normal", readout="eos",
-        dropout=0.5, attention_dropout=0.1, gate_dropout=0.0, steps=30_000, batch_size=512, eval_every=1000,
-        lr=2e-4, weight_decay=0.01, grad_clip=5.0, batching="random"),
-    ("ctl", "transformer-absrel-gate"): dict(
-        d_model=256, d_ff=1024, n_head=1, n_steps=14, embedding_init="normal", readout="eos",
-        dropout=0.5, attention_dropout=0.1, gate_dropout=0.0, steps=30_000, batch_size=512, eval_every=1000,
-        lr=2e-4, weight_decay=0.01, grad_clip=5.0, batching="random"),
-    ("ctl", "transformer-geom"): dict(
-        d_model=128, d_ff=256, n_head=4, n_steps=11, embedding_init="kaiming", readout="eos",
-        dropout=0.1, attention_dropout=0.0, gate_dropout=0.0, steps=30_000, batch_size=512, eval_every=1000,
-        lr=1.5e-4, weight_decay=0.0025, grad_clip=5.0, batching="random"),
-    ("ctl", "ndr"): dict(
-        d_model=256, d_ff=512, n_head=1, n_steps=14, embedding_init="normal", readout="eos",
-        dropout=0.5, attention_dropout=0.1, gate_dropout=0.1, steps=30_000, batch_size=512, eval_every=1000,
-        lr=1.5e-4, weight_decay=0.01, grad_clip=5.0, batching="bucketed"),
-    ("ctl", "transformer-compositional"): dict(
-        d_model=128, d_ff=256, n_head=4, n_steps=11, embedding_init="normal", readout="eos",
-        dropout=0.1, attention_dropout=0.0, gate_dropout=0.0, steps=30_000, batch_size=512, eval_every=1000,
-        lr=1.5e-4, weight_decay=0.0025, grad_clip=5.0, batching="random"),
-    # arithmetic
-    ("arith", "transformer"): dict(
-        d_model=128, d_ff=256, n_head=4, n_steps=11, embedding_init="normal", readout="sos",
-        dropout=0.5, attention_dropout=0.1, gate_dropout=0.0, steps=200_000, batch_size=512, eval_every=1000,
-        lr=1.5e-4, weight_decay=0.0025, grad_clip=1.0, batching="bucketed"),
-    ("arith", "transformer-rel"): dict(
-        d_model=128, d_ff=256, n_head=4, n_steps=11, embedding_init="kaiming", readout="sos",
-        dropout=0.5, attention_dropout=0.1, gate_dropout=0.0, steps=200_000, batch_size=512, eval_every=1000,
-        lr=1.5e-4, weight_decay=0.0025, grad_clip=1.0, batching="bucketed"),
-    ("arith", "transformer-rel-gate"): dict(
-        d_model=256, d_ff=1024, n_head=4, n_steps=15, embedding_init="normal", readout="eos",
-        dropout=0.5, attention_dropout=0.1, gate_dropout=0.1, steps=100_000, batch_size=512, eval_every=1000,
-        lr=1.5e-4, weight_decay=0.01, grad_clip=1.0, batching="bucketed"),
-    ("arith", "transformer-absrel-gate"): dict(
-        d_model=256, d_ff=1024, n_head=4, n_steps=15, embedding_init="normal", readout="eos",
-        dropout=0.5, attention_dropout=0.1, gate_dropout=0.1, steps=100_000, batch_size=512, eval_every=1000,
-        lr=1.5e-4, weight_decay=0.01, grad_clip=1.0, batching="bucketed"),
-    ("arith", "transformer-geom"): dict(
-        d_model=128, d_ff=256, n_head=4, n_steps=11, embedding_init="kaiming", readout="eos",
-        dropout=0.5, attention_dropout=0.1, gate_dropout=0.0, steps=200_000, batch_size=512, eval_every=1000,
-        lr=1.5e-4, weight_decay=0.0025, grad_clip=1.0, batching="bucketed"),
-    ("arith", "ndr"): dict(
-        d_model=256, d_ff=1024, n_head=4, n_steps=15, embedding_init="normal", readout="eos",
-        dropout=0.5, attention_dropout=0.1, gate_dropout=0.1, steps=100_000, batch_size=512, eval_every=1000,
-        lr=1.5e-4, weight_decay=0.01, grad_clip=1.0, batching="bucketed"),
-    ("arith", "transformer-compositional"): dict(
-        d_model=128, d_ff=256, n_head=4, n_steps=11, embedding_init="normal", readout="eos",
-        dropout=0.5, attention_dropout=0.1, gate_dropout=0.0, steps=200_000, batch_size=512, eval_every=1000,
-        lr=1.5e-4, weight_decay=0.0025, grad_clip=1.0, batching="bucketed"),
-    # ListOps
-    ("listops", "transformer"): dict(
-        d_model=256, d_ff=1024, n_head=16, n_steps=6, embedding_init="normal", readout="sos",
-        dropout=0.015, attention_dropout=0.05, gate_dropout=0.0, steps=200_000, batch_size=512,
-        eval_every=1000, lr=4e-4, weight_decay=0.05, grad_clip=1.0, batching="bucketed"),
-    ("listops", "transformer-rel"): dict(
-        d_model=256, d_ff=1024, n_head=16, n_steps=6, embedding_init="xavier", readout="sos",
-        dropout=0.015, attention_dropout=0.05, gate_dropout=0.0, steps=200_000, batch_size=512,
-        eval_every=1000, lr=4e-4, weight_decay=0.05, grad_clip=1.0, batching="bucketed"),
-    ("listops", "transformer-rel-gate"): dict(
-        d_model=512, d_ff=2048, n_head=16, n_steps=20, embedding_init="normal", readout="sos",
-        dropout=0.1, attention_dropout=0.1, gate_dropout=0.05, steps=100_000, batch_size=512, eval_every=1000,
-        lr=2e-4, weight_decay=0.09, grad_clip=1.0, batching="bucketed"),
-    ("listops", "transformer-absrel-gate"): dict(
-        d_model=512, d_ff=2048, n_head=16, n_steps=20, embedding_init="normal", readout="sos",
-        dropout=0.1, attention_dropout=0.1, gate_dropout=0.05, steps=100_000, batch_size=512, eval_every=1000,
-        lr=2e-4, weight_decay=0.09, grad_clip=1.0, batching="bucketed"),
-    ("listops", "transformer-geom"): dict(
-        d_model=256, d_ff=1024, n_head=16, n_steps=6, embedding_init="kaiming", readout="sos",
-        dropout=0.015, attention_dropout=0.05, gate_dropout=0.0, steps=200_000, batch_size=512,
-        eval_every=1000, lr=4e-4, weight_decay=0.05, grad_clip=1.0, batching="bucketed"),
-    ("listops", "ndr"): dict(
-        d_model=512, d_ff=1024, n_head=16, n_steps=20, n_steps_eval=24, embedding_init="normal",
-        readout="sos", dropout=0.1, attention_dropout=0.1, gate_dropout=0.05, steps=100_000, batch_size=512,
-        eval_every=1000, lr=2e-4, weight_decay=0.09, grad_clip=1.0, batching="bucketed"),
-    ("listops", "transformer-compositional"): dict(
-        d_model=256, d_ff=1024, n_head=16, n_steps=6, embedding_init="normal", readout="sos",
-        dropout=0.015, attention_dropout=0.05, gate_dropout=0.0, steps=200_000, batch_size=512,
-        eval_every=1000, lr=4e-4, weight_decay=0.05, grad_clip=1.0, batching="bucketed"),
+    ("ctl", "transformer"): CTL,
+    ("ctl", "transformer-rel"): dict(CTL, embedding_init="kaiming"),
+    ("ctl", "transformer-rel-gate"): CTL_GATE,
+    ("ctl", "transformer-absrel-gate"): CTL_GATE,
+    ("ctl", "transformer-geom"): dict(CTL, embedding_init="kaiming"),
+    ("ctl", "ndr"): dict(CTL_GATE, d_ff=512, gate_dropout=0.1, lr=1.5e-4, batching="bucketed"),
+    ("ctl", "transformer-compositional"): CTL,
+    ("arith", "transformer"): ARITH,
+    ("arith", "transformer-rel"): dict(ARITH, embedding_init="kaiming"),
+    ("arith", "transformer-rel-gate"): ARITH_GATE,
+    ("arith", "transformer-absrel-gate"): ARITH_GATE,
+    ("arith", "transformer-geom"): dict(ARITH, embedding_init="kaiming", readout="eos"),
+    ("arith", "ndr"): ARITH_GATE,
+    ("arith", "transformer-compositional"): dict(ARITH, readout="eos"),
+    ("listops", "transformer"): LISTOPS,
+    ("listops", "transformer-rel"): dict(LISTOPS, embedding_init="xavier"),
+    ("listops", "transformer-rel-gate"): LISTOPS_GATE,
+    ("listops", "transformer-absrel-gate"): LISTOPS_GATE,
+    ("listops", "transformer-geom"): dict(LISTOPS, embedding_init="kaiming"),
+    ("listops", "ndr"): dict(LISTOPS_GATE, d_ff=1024, n_steps_eval=24),
+    ("listops", "transformer-compositional"): LISTOPS,
 }
 
 # --- "cpu": sized for a 2-core machine (~30 min per run); overrides of the paper's row, applied in
