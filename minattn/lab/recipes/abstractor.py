@@ -12,16 +12,15 @@ from minattn.engine import eval_mode, no_grad
 from minattn.models import abstractor
 
 from .. import viz
-from .base import EpochSchedule, Recipe, Selection, example_name, fraction, plot_sample, sample_name
+from .base import EpochSchedule, Recipe, Selection, fraction
 
 
 @dataclasses.dataclass
 class SortOptions(EpochSchedule):
-    """The sorting run's options: its training set, its epochs (EpochSchedule) and its stopping
-    rule."""
-    # the selection and stopping metric: "train_loss" (the code behind the
+    """The sorting run's options: its training set, its epochs (EpochSchedule) and its selection
+    and stopping metric: "train_loss" (the code behind the paper's Fig. 4) or "valid_tf" (the
+    released code); see Sort."""
     stop_on: str = "train_loss"
-                                   # paper's Fig. 4; see Sort) or "valid_tf" (the released code)
 
 
 @dataclasses.dataclass
@@ -35,13 +34,9 @@ class RelationalOptions(EpochSchedule):
 # clipping, 500 training sequences sampled from the 70,000 pool with the run's seed. The stopping
 # rule is the one behind the paper's Fig. 4 (see Sort): early stopping on the epoch's training loss
 # with patience 10 epochs, the lowest-loss epoch reported, at most 400 epochs (the authors' README
-# command; their script's default was 200). With 10 seeds, the Abstractor's points in the paper lie
-# inside mean ± 2 s.e. of this rule at 300 and 500 sequences and between the 200- and 400-epoch caps
-# at 200 and 400 (the baselines' at 1,500 and 2,000, 5 seeds: the Transformer's inside the 200-epoch
-# cap's, the Ablation's between the caps); the released code's rule (``stop_on=valid_tf``, patience
-# 50) puts the Abstractor at 0.69 (10 seeds) where the paper has .206 (RESULTS.md, "Sorting with the
-# figure's protocol"). The models' fields are AbstractorConfig's (transformer-seq2seq reads only its
-# EncoderDecoderConfig fields).
+# command; their script's default was 200). How close each rule comes to the paper's points:
+# RESULTS.md, "sorting with the figure's protocol". The models' fields are AbstractorConfig's
+# (transformer-seq2seq reads only its EncoderDecoderConfig fields).
 SORT_RUN = dict(batch_size=512, eval_batch_size=2000, lr=1e-3, weight_decay=0.0, grad_clip=0.0, steps=None,
                 eval_every=None, train_size=500, epochs=400, eval_epochs=1, patience=10,
                 stop_on="train_loss")
@@ -86,19 +81,16 @@ class ObjectRecipe(Recipe):
     def _objects(self, split):
         return self.to_device([self.task.objects[split.index]])[0]
 
-    def _plot_samples(self, texts):
-        """(name, object indices) of the test samples --plot shows, or of --example texts of
-        indices."""
-        split, examples = self.task.splits["test"], []
-        n, m = len(self.task.objects), split.index.shape[1]
-        for text in texts:
+    def _plot_inputs(self, texts):
+        """``plot_inputs`` of object indices: the test samples', or --example texts of indices."""
+        n, m = len(self.task.objects), self.task.splits["test"].index.shape[1]
+
+        def parse(text):
             index = np.array([int(t) for t in text.split() if t.isdigit()])
             if len(text.split()) != m or len(set(index.tolist())) != m or not (index < n).all():
-                raise ValueError(f"--example {text!r}: give {m} distinct object indices in "
-                                 f"0..{n - 1}")
-            examples.append((example_name(text), index))
-        return examples or [(sample_name("test", i, split), split.index[i])
-                            for i in plot_sample(len(split))]
+                raise ValueError(f"--example {text!r}: give {m} distinct object indices in 0..{n - 1}")
+            return index
+        return self.plot_inputs(texts, parse, lambda split, i: (split.index[i], None))
 
 
 class Sort(ObjectRecipe):
@@ -184,13 +176,12 @@ class Sort(ObjectRecipe):
         sequences or --example object indices ("17 3 40 29 5 11 46 0 33 21": 10 of the 48
         objects)."""
         pictures = []
-        for name, index in self._plot_samples(texts):
-            title = (f"sort / {self.cfg.model}: objects {' '.join(map(str, index))} "
-                     f"(target {' '.join(map(str, np.argsort(index)))})")
+        for name, index, _ in self._plot_inputs(texts):
+            title = self.plot_title(f"objects {' '.join(map(str, index))}",
+                                    " ".join(map(str, np.argsort(index))))
             x = self.to_device([self.task.objects[index][None]])[0]
             pictures += viz.seq2seq_pictures(model, x, len(index), SortTask.START,
-                                             [f"o{i}" for i in index],
-                                             title, name)
+                                             [f"o{i}" for i in index], title, name)
         return pictures
 
 
@@ -263,9 +254,10 @@ class RelationalTasks(ObjectRecipe):
         """The relation matrices of every layer and relation, on test samples or --example object
         indices (pairwise: "5 41", two of the 64 objects; set: "0 40 80", three of the 81 cards)."""
         pictures, classes = [], self.row["classes"]
-        for name, index in self._plot_samples(texts):
+        for name, index, _ in self._plot_inputs(texts):
             tokens, target = self.row["tokens"](self.task, index)
-            title = f"{self.cfg.task} / {self.cfg.model}: {' '.join(tokens)} (target {classes[target]})"
             x = self.to_device([self.task.objects[index][None]])[0]
-            pictures += viz.relational_pictures(model, x, tokens, title, name, classes)
+            pictures += viz.relational_pictures(model, x, tokens,
+                                                self.plot_title(" ".join(tokens), classes[target]),
+                                                name, classes)
         return pictures

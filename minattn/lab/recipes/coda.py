@@ -13,9 +13,7 @@ from minattn.engine import eval_mode, no_grad
 from minattn.models import seq2seq
 
 from .. import viz
-from .base import (Recipe, Selection, WarmupSchedule, example_name, fraction, parse_tokens,
-                   plot_sample,
-                   sample_name)
+from .base import Recipe, Selection, WarmupSchedule, fraction, parse_tokens
 
 
 @dataclasses.dataclass
@@ -75,9 +73,6 @@ class CoDA(Recipe):
         return build(n_out, n_out, self.cfg.model_config, n_src_tokens=len(self.task.in_vocab),
                      seed=self.cfg.seed)
 
-    def batches(self, rng):
-        return self.task.splits["train"].batches(self.cfg.batch_size, rng, self.cfg.batching)
-
     def _arrays(self, batch):
         """Device arrays: source ids, source mask, decoder input [<sos>, y_1..y_{T−1}] and
         targets."""
@@ -133,18 +128,13 @@ class CoDA(Recipe):
     def plot_examples(self, model, texts):
         """Encoder attention and, for CoDA, tanh(E), the gate and M of every layer and head with
         their histograms, on test pairs or --example inputs ("x=85,y=-523,x*y")."""
-        task, split = self.task, self.task.splits["test"]
-        examples = [(example_name(text), parse_tokens(text, task.in_vocab, list), None)
-                    for text in texts]
-        examples = examples or [(sample_name("test", i, split), split.inputs[i],
-                                 split.lines[i].split(":")[1])
-                                for i in plot_sample(len(split))]
+        task, pictures = self.task, []
         longest = max(int(s.targets.lengths.max()) for s in task.splits.values())
-        pictures = []
-        for name, src, target in examples:
+        inputs = self.plot_inputs(texts, lambda text: parse_tokens(text, task.in_vocab, list),
+                                  lambda split, i: (split.inputs[i], split.lines[i].split(":")[1]))
+        for name, src, target in inputs:
             tokens = [task.in_vocab[i] for i in src]
-            title = f"mlu / {self.cfg.model}: {''.join(tokens)}" + (f" (target {target})" if target else "")
-            pictures += viz.seq2seq_pictures(model, self.to_device([src[None]])[0], longest,
-                                             task.sos, tokens,
-                                             title, name, task.out_vocab)
+            pictures += viz.seq2seq_pictures(model, self.to_device([src[None]])[0], longest, task.sos,
+                                             tokens, self.plot_title("".join(tokens), target), name,
+                                             task.out_vocab)
         return pictures

@@ -12,7 +12,7 @@ from minattn.engine import eval_mode, no_grad
 from minattn.models.encoder import ARCHITECTURES, Classifier
 
 from .. import viz
-from .base import Recipe, Selection, example_name, fraction, parse_tokens, plot_sample, sample_name
+from .base import Recipe, Selection, fraction, parse_tokens
 
 # --- "paper": the official sweeps (§8), which the paper's Tables 4–6 repeat -------------------------
 # One row per (task, model), the model's fields (EncoderConfig) and the run's. Embeddings (§5):
@@ -130,9 +130,6 @@ class NDR(Recipe):
                           self.cfg.model_config,
                           seed=self.cfg.seed)
 
-    def batches(self, rng):
-        return self.task.splits["train"].batches(self.cfg.batch_size, rng, self.cfg.batching)
-
     def loss(self, model, batch):
         x, lengths, y = self.to_device(batch)
         logits = model(x, lengths)
@@ -166,18 +163,12 @@ class NDR(Recipe):
 
     def plot_examples(self, model, texts):
         """NDR paper Figs. 2–3: copy gates and the attention of every head at every step."""
-        split, names = self.task.splits["test"], list(self.task.vocab) + ["<eos>", "<sos>"]
-        examples = [(example_name(text), parse_tokens(text, self.task.vocab, self.task.tokenize), None)
-                    for text in texts]
-        examples = examples or [(sample_name("test", i, split), split.inputs[i],
-                                 self.task.classes[split.labels[i]])
-                                for i in plot_sample(len(split))]
-        pictures = []
-        for name, seq, target in examples:
-            ids, lengths = collate([seq], len(self.task.vocab))
-            title = f"{self.cfg.task} / {self.cfg.model}: {self.task.decode(seq)}"
-            title += f" (target {target})" if target else ""
-            tokens = [names[i] for i in ids[0]]
-            pictures += viz.encoder_pictures(model, *self.to_device((ids, lengths)), tokens, title, name,
-                                             self.task.classes)
+        task, names, pictures = self.task, list(self.task.vocab) + ["<eos>", "<sos>"], []
+        inputs = self.plot_inputs(texts, lambda text: parse_tokens(text, task.vocab, task.tokenize),
+                                  lambda split, i: (split.inputs[i], task.classes[split.labels[i]]))
+        for name, seq, target in inputs:
+            ids, lengths = collate([seq], len(task.vocab))
+            pictures += viz.encoder_pictures(model, *self.to_device((ids, lengths)),
+                                             [names[i] for i in ids[0]],
+                                             self.plot_title(task.decode(seq), target), name, task.classes)
         return pictures

@@ -13,7 +13,7 @@ from minattn.engine import Tensor, eval_mode, no_grad
 from minattn.models import seq2attn
 
 from .. import viz
-from .base import Recipe, Selection, example_name, fraction, parse_tokens, plot_sample, sample_name
+from .base import Recipe, Selection, fraction, parse_tokens
 
 
 @dataclasses.dataclass
@@ -134,9 +134,6 @@ class Seq2Attn(Recipe):
                                  len(self.task.out_vocab),
                                  self.task.sos, seed=self.cfg.seed)
 
-    def batches(self, rng):
-        return self.task.splits["train"].batches(self.cfg.batch_size, rng, self.cfg.batching)
-
     def loss(self, model, batch):
         src, src_lengths, tgt, tgt_lengths = self.to_device(batch)
         return model.loss(src, src_lengths, tgt, tgt_lengths), {}, len(batch[1])
@@ -212,19 +209,15 @@ class Seq2Attn(Recipe):
         """The attention trace (one-hot for seq2attn at inference) and the temperature of every
         step, on test examples (lookup: heldout_compositions) or --example inputs ("100 t3 t1 .",
         "jump twice")."""
-        task = self.task
-        split_name = "test" if "test" in task.splits else "heldout_compositions"
-        split = task.splits[split_name]
-        examples = [(example_name(text), parse_tokens(text, task.in_vocab), None) for text in texts]
-        examples = examples or [(sample_name(split_name, i, split), split.inputs[i],
-                                 task.decode(split.targets[i])) for i in plot_sample(len(split))]
+        task, pictures = self.task, []
         longest = max(int(s.targets.lengths.max()) for s in task.splits.values())
-        pictures = []
-        for name, src, target in examples:
+        inputs = self.plot_inputs(texts, lambda text: parse_tokens(text, task.in_vocab),
+                                  lambda split, i: (split.inputs[i], task.decode(split.targets[i])),
+                                  "test" if "test" in task.splits else "heldout_compositions")
+        for name, src, target in inputs:
             tokens = [task.in_vocab[i] for i in src]
-            title = f"{self.cfg.task} / {self.cfg.model}: {' '.join(tokens)}"
-            title += f" (target {target})" if target else ""
             src, lengths = self.to_device((src[None], np.array([len(src)])))
             pictures += viz.seq2attn_pictures(model, src, lengths, longest + len(tokens), tokens,
-                                              task.out_vocab, title, name)
+                                              task.out_vocab, self.plot_title(" ".join(tokens), target),
+                                              name)
         return pictures
