@@ -1,26 +1,21 @@
 """Pictures of what a trained model does: attention maps, gates, value scores, relation matrices.
 
-Two halves. *Collectors* run one example through a model (evaluation behaviour, no graph) and return
-``Picture`` objects holding host NumPy arrays: ``encoder_pictures`` (the NDR paper's encoders: copy-gate
-activity and every head's attention at every step, its Figs. 2–3), ``retrieval_pictures`` (the CRT:
-search maps and the value scores of Compositional Attention's Figs. 4–5), ``seq2attn_pictures`` (the
-attention trace, one-hot at inference, and the Gumbel temperature per step), ``seq2seq_pictures`` (the
-encoder–decoders of sorting and MLU: encoder attention, the Abstractor's relation matrices and its
-symbols' attention) and ``relational_pictures`` (the simplified Abstractor's relation matrices). Where the
-attention is CoDA, its factors tanh(E) and gate(N) and their product M come as heatmaps and histograms
-(``_coda_picture``). ``learning_curves`` draws runs' metrics logs (minattn/lab/report.py reads them: the
-training loss and every metric against the step, the selected step marked). The *renderer* draws a Picture
-as a PNG with matplotlib (``save_png``; ``write_pictures`` saves a list).
+Two halves. *Collectors* (``encoder_pictures``, ``retrieval_pictures``, ``seq2attn_pictures``,
+``seq2seq_pictures``, ``relational_pictures``: one per kind of model, each docstring names the
+papers' figures it draws) run one example through a model (evaluation behaviour, no graph) and
+return ``Picture`` objects holding host NumPy arrays; ``learning_curves`` turns runs' metrics logs
+into one (minattn/lab/report.py reads them). The *renderer* draws a Picture as a PNG with matplotlib
+(``save_png``; ``write_pictures`` saves a list).
 
     pictures = viz.encoder_pictures(model, ids, lengths, tokens, "ctl / ndr: 101 d a b")
     viz.write_pictures(pictures, "runs/ctl-ndr-cpu-s0/plots")
 
 ``train.py --plot`` does this for a checkpoint, through each recipe's ``plot_examples``
-(minattn/lab/recipes/), and adds the run's learning curves (report.run_curves). matplotlib is imported
-only inside the renderer, so it stays an optional extra (``pip install -e '.[plot]'``) that training never
-needs; without it ``--plot`` says so in one line (``require_matplotlib``). Collectors move data to the host
-explicitly, with one ``backend.to_numpy`` per picture (plus one for a prediction shown in a title), so they
-run unchanged on a GPU.
+(minattn/lab/recipes/), and adds the run's learning curves. matplotlib is imported only inside the
+renderer, so it stays an optional extra (``pip install -e '.[plot]'``) that training never needs;
+without it ``--plot`` says so in one line (``require_matplotlib``). Collectors move data to the host
+explicitly, with one ``backend.to_numpy`` per picture (plus one for a prediction shown in a title),
+so they run unchanged on a GPU.
 """
 import contextlib
 import io
@@ -75,9 +70,7 @@ class Picture:
         return math.ceil(len(self.panels) / ncols), ncols
 
 
-# ==========================================================================================================
-# Collectors: model + one example → pictures (host arrays)
-# ==========================================================================================================
+# --- Collectors: model + one example → pictures (host arrays) -------------------------------------
 
 @contextlib.contextmanager
 def _inference(model):
@@ -146,22 +139,18 @@ def _layer_grid(maps, rows, cols, unit, vmin=0.0, vmax=1.0):
             for i, heads in enumerate(maps) for h, m in enumerate(heads)]
 
 
-def _coda_ranges(attn):
-    """Names and colour ranges of CoDA's factors: M = F_X(E) ⊙ gate(N) (attention/coda.py)."""
-    fx, fn = attn.composition.split("-")
-    gate = {"scaled": f"2·{fn}(N)" if fn == "sigmoid" else f"{fn}(N)",
-            "centered": f"{fn}(N − mean N)"}[attn.gate]
-    return [(f"{fx}(E)", (-1, 1) if fx == "tanh" else (0, 1)),
-            (gate, (0, 1) if fn == "sigmoid" else (-1, 1)), ("M", (-1, 1))]
-
-
 def _coda_picture(attn, M, g, rows, cols, title, name):
     """tanh(E), the gate and M of every head (a row each), then their histograms over all heads, for one
-    call of a CoDAttention. M and g are device arrays (H, T, S): one transfer brings both to the host."""
+    call of a CoDAttention: M = F_X(E) ⊙ gate(N) (attention/coda.py), each in its colour range. M and g are
+    device arrays (H, T, S): one transfer brings both to the host."""
     M, g = backend.to_numpy(backend.array_module(M).stack([M, g]))
     with np.errstate(divide="ignore", invalid="ignore"):
         e = np.where(g != 0, M / g, np.nan)   # F_X(E) = M / gate: exact wherever the gate did not underflow
-    factors = list(zip(_coda_ranges(attn), (e, g, M)))
+    fx, fn = attn.composition.split("-")
+    gate = {"scaled": f"2·{fn}(N)" if fn == "sigmoid" else f"{fn}(N)",
+            "centered": f"{fn}(N − mean N)"}[attn.gate]
+    factors = [((f"{fx}(E)", (-1, 1) if fx == "tanh" else (0, 1)), e),
+               ((gate, (0, 1) if fn == "sigmoid" else (-1, 1)), g), (("M", (-1, 1)), M)]
     panels = [_map(v[h], f"head {h}: {label}", rows, cols, lo, hi)
               for h in range(M.shape[0]) for (label, (lo, hi)), v in factors]
     panels += [Panel(v, f"{label}, all heads", kind="hist", vmin=lo, vmax=hi, xlabel=label, ylabel="count")
@@ -349,9 +338,7 @@ def relational_pictures(model, x, tokens, title, name="example", classes=None):
                     ncols=rcas[0].n_relations)]
 
 
-# ==========================================================================================================
-# Learning curves: runs' metrics logs → one picture
-# ==========================================================================================================
+# --- Learning curves: runs' metrics logs → one picture --------------------------------------------
 
 NOT_CURVES = ("step", "wall_s")      # logged with every evaluation, but not something the model learned
 
@@ -381,9 +368,7 @@ def learning_curves(runs, title, name="learning-curves"):
     return Picture(name, title, panels, ncols=min(4, len(panels)))
 
 
-# ==========================================================================================================
-# The renderer
-# ==========================================================================================================
+# --- The renderer ---------------------------------------------------------------------------------
 
 def _value_range(values, vmin, vmax):
     """(low, high) of the colour scale: the given bounds, else the data's; signed data gets a scale
@@ -446,12 +431,6 @@ def _draw_heatmap(fig, ax, panel):
     fig.colorbar(im, ax=ax, fraction=0.05, pad=0.02).set_label(panel.clabel, fontsize=6)
 
 
-def _draw_bars(ax, panel):
-    ax.barh(range(len(panel.values)), panel.values, color="tab:blue")
-    ax.set_yticks(range(len(panel.rows)), panel.rows, fontsize=7)
-    ax.invert_yaxis()                 # the first step on top, as in the heatmap beside it
-
-
 def _draw_curves(ax, panel):
     """A line per row, its marked step as a dashed vertical line and a dot; a legend when there are rows to
     tell apart (the picture's title says what the mark is)."""
@@ -487,7 +466,9 @@ def save_png(picture, path):
         if panel.kind == "heatmap":
             _draw_heatmap(fig, ax, panel)
         elif panel.kind == "bars":
-            _draw_bars(ax, panel)
+            ax.barh(range(len(panel.values)), panel.values, color="tab:blue")
+            ax.set_yticks(range(len(panel.rows)), panel.rows, fontsize=7)
+            ax.invert_yaxis()      # the first step on top, as in the heatmap beside it
         elif panel.kind == "curves":
             _draw_curves(ax, panel)
         else:                      # a histogram of the finite values, in the panel's range if it has one
