@@ -31,10 +31,8 @@ class MLUOptions(WarmupSchedule):
 # without decay, peak lr 1e-3 after 4,000 warm-up steps, batch 512, no clipping, 100,000 steps on
 # 10.8M pairs (the paper's 12M split 9:1; generating them takes ~1 min and ~9 GB of host memory),
 # evaluated every 5,000 steps; the held-out sets stay the fixed 2,000 + 5,000 pairs. Both models
-# train the same run. CoDA: β = 1/√d_k (N = G/d_k, §3). In a 300-step smoke run (seed 0) at β = 1,
-# exactly paper Eq. 10 (``--set coda_beta=1``), the mean gate started at 0.013 and passed 0.05 only
-# after ~200 steps, with 0% validation sequence accuracy at step 200; at 1/√d_k it stayed near 0.55,
-# with 16% (both 17% at step 300).
+# train the same run. CoDA: β = 1/√d_k (N = G/d_k, §3), where paper Eq. 10's β = 1 (``--set
+# coda_beta=1``) starts the gate almost closed (RESULTS.md has both).
 PAPER = {
     ("mlu", "transformer-seq2seq"): dict(
         d_model=128, n_head=4, d_head=32, d_ff=512, n_encoder_layers=2, n_decoder_layers=2, dropout=0.1,

@@ -28,8 +28,7 @@ class RetrievalOptions:
 # 1e-4, batch 256, no clipping, an evaluation every 5,000 of 100,000 steps.
 PAPER = {
     ("retrieval", "mha"): dict(steps=100_000, batch_size=256, eval_every=5000, lr=1e-4,
-                               weight_decay=0.0,
-                               grad_clip=0.0),
+                               weight_decay=0.0, grad_clip=0.0),
 }
 # "cpu": 30,000 steps, an evaluation every 2,500 (RESULTS.md, "The step times behind the cpu
 # presets")
