@@ -115,6 +115,16 @@ def after_each_call(module, hook):
         del module.forward            # the class's method again
 
 
+def step_tau(attention, query):
+    """seq2attn's temperature τ_t of one decoding step as a (B,) device array. At inference the attention
+    is an argmax and never computes τ, so it is computed here (``attention.tau`` gives a float ("fixed"),
+    a (1,) ("latent") or a (B, 1) tensor ("conditioned"))."""
+    tau, xp, B = attention.tau(query), backend.array_module(query.data), query.shape[0]
+    if isinstance(tau, Tensor):
+        return xp.broadcast_to(tau.data.reshape(-1), (B,))
+    return xp.full((B,), tau, query.dtype)
+
+
 def _check_tokens(tokens, n, what):
     if len(tokens) != n:
         raise ValueError(f"{len(tokens)} token labels for {n} {what}")
@@ -240,13 +250,8 @@ def seq2attn_pictures(model, src, src_lengths, max_len, in_tokens, out_vocab, ti
     _check_tokens(in_tokens, src.shape[1], "inputs")
     attention, taus = model.attention, []
     gumbel = attention.activation != "softmax"
-
-    def record_tau(query, *_):
-        # At inference the attention is an argmax and never computes τ, so it is computed here, per step.
-        tau = attention.tau(query)    # a float ("fixed"), (1,) ("latent") or (B, 1) ("conditioned")
-        xp = backend.array_module(query.data)
-        taus.append(tau.data.reshape(-1)[:1] if isinstance(tau, Tensor) else xp.full((1,), tau, query.dtype))
-    with _inference(model), (after_each_call(attention, record_tau) if gumbel else contextlib.nullcontext()):
+    record_tau = after_each_call(attention, lambda query, *_: taus.append(step_tau(attention, query)))
+    with _inference(model), (record_tau if gumbel else contextlib.nullcontext()):
         ids, weights = model.greedy(src[:1], src_lengths[:1], max_len, return_attention=True)
     xp = backend.array_module(src)
     out = [out_vocab[i] for i in backend.to_numpy(ids[0])]

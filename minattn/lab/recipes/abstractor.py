@@ -31,11 +31,10 @@ class RelationalOptions(EpochSchedule):
 
 
 # --- sorting (§6.1): Adam lr 1e-3 (AdamW without decay; ε 1e-8 where Keras has 1e-7), batch 512, no
-# clipping, 500 training sequences sampled from the 70,000 pool with the run's seed. The stopping
-# rule is the one behind the paper's Fig. 4 (see Sort): early stopping on the epoch's training loss
-# with patience 10 epochs, the lowest-loss epoch reported, at most 400 epochs (the authors' README
-# command; their script's default was 200). How close each rule comes to the paper's points:
-# RESULTS.md, "sorting with the figure's protocol". The models' fields are AbstractorConfig's
+# clipping, 500 training sequences sampled from the 70,000 pool with the run's seed, the stopping
+# rule behind the paper's Fig. 4 (see Sort) for at most 400 epochs (the authors' README command;
+# their script's default was 200): how close each rule comes to the paper's points is in RESULTS.md,
+# "sorting with the figure's protocol". The models' fields are AbstractorConfig's
 # (transformer-seq2seq reads only its EncoderDecoderConfig fields).
 SORT_RUN = dict(batch_size=512, eval_batch_size=2000, lr=1e-3, weight_decay=0.0, grad_clip=0.0, steps=None,
                 eval_every=None, train_size=500, epochs=400, eval_epochs=1, patience=10,
@@ -106,8 +105,7 @@ class Sort(ObjectRecipe):
       patience=10, restore_best_weights=True)``): select and stop on the epoch's mean training loss.
       Nothing else is evaluated during training, so evaluating every epoch costs nothing;
       metrics.jsonl has the training loss and teacher-forcing accuracy. (At the epoch cap Keras
-      keeps the last epoch's weights where this keeps the lowest-loss epoch's; at the cap the two
-      were at most 4 epochs apart in our runs.)
+      keeps the last epoch's weights, this the lowest-loss epoch's.)
     - ``valid_tf``: the released code's rule (Awni00/abstractor): the validation teacher-forcing
       accuracy, with ``valid_tf`` and ``train`` (greedy full-sequence accuracy on the training set)
       at every evaluation."""

@@ -9,7 +9,7 @@ import numpy as np
 
 from minattn import backend
 from minattn.data import SCAN_SPLITS, get_task, scan_split
-from minattn.engine import Tensor, eval_mode, no_grad
+from minattn.engine import eval_mode, no_grad
 from minattn.models import seq2attn
 
 from .. import viz
@@ -18,8 +18,7 @@ from .base import Recipe, Selection, fraction, parse_tokens
 
 @dataclasses.dataclass
 class SplitOptions:
-    """The task's options."""
-    # scan: the split (data.SCAN_SPLITS); lookup has one structure (sample1)
+    """The task's options: SCAN's split (data.SCAN_SPLITS); lookup has one structure (sample1)."""
     split: str = ""
 
 
@@ -61,11 +60,8 @@ def scan_train_size(split):
     return len(scan_split(split)["train"])
 
 
-# The two tasks as rows: epochs of training, the training pairs an epoch has (lookup: its one
-# structure, sample1; SCAN: those of its --split, which it needs), whether the train split is
-# evaluated (SCAN's 15–22k commands are not) and the selection rule: lookup reports the evaluation
-# with the lowest validation loss (§1.6), SCAN, which has no validation set, the end of training
-# (§3.6).
+# The two tasks as rows: epochs of training, the training pairs an epoch has (SCAN: those of its
+# --split, which it needs), whether the train split is evaluated and the selection rule (Seq2Attn).
 TASKS = {
     "lookup": dict(epochs=100, train_size=lambda split: 232, needs_split=False, evaluate_train=True,
                    selection=Selection(metric="validation_loss", higher=False)),
@@ -177,17 +173,13 @@ class Seq2Attn(Recipe):
         None)."""
         attention, correct, taus, calls = model.attention, 0, [], []
         gumbel = attention.activation != "softmax"
-        record = viz.after_each_call(attention, lambda query, *_: calls.append(attention.tau(query)))
+        record = viz.after_each_call(attention, lambda q, *_: calls.append(viz.step_tau(attention, q)))
         with no_grad(), eval_mode(), (record if gumbel else contextlib.nullcontext()):
             for batch in split.eval_batches(self.cfg.eval_batch_size, rows):
                 src, src_lengths, tgt, tgt_lengths = self.to_device(batch)
                 correct = correct + _correct(model, src, src_lengths, tgt, tgt_lengths).sum()
-                # one τ per call: a float ("fixed"), (1,) ("latent") or (B, 1) ("conditioned")
-                if gumbel:
-                    xp, B = backend.array_module(tgt), len(tgt)
-                    tau = xp.stack([xp.broadcast_to(t.data.reshape(-1), (B,)) if isinstance(t, Tensor) else
-                                    xp.full((B,), t, dtype=backend.DEFAULT_DTYPE) for t in calls], axis=1)
-                    # (B, steps) → valid steps
+                if gumbel:   # τ (B, steps) → the steps up to <eos>
+                    xp, tau = backend.array_module(tgt), backend.array_module(tgt).stack(calls, axis=1)
                     taus.append(tau[xp.arange(tau.shape[1]) < tgt_lengths[:, None]])
                     calls.clear()
         return int(backend.to_numpy(correct)), (backend.to_numpy(xp.concatenate(taus)) if gumbel else None)
