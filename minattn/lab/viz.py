@@ -314,8 +314,8 @@ def _abstractor_pictures(abstractor, objects, title, name):
         what = "symbols' cross-attention to the objects (ablation)"
     else:
         act = layers[0].rca.activation
-        relations = _stacked([layer.rca for layer in layers])
-        panels = _layer_grid(relations, objects, objects, "head", *_RELATION_RANGE[act])
+        panels = _layer_grid(_stacked([layer.rca for layer in layers]), objects, objects, "head",
+                             *_RELATION_RANGE[act])
         what = f"relation matrices {act}(R)"
     pictures = [Picture(f"{name}-relations", f"{title}: {what}", panels, ncols=n_head)]
     if layers[0].self_attn is not None:
@@ -418,12 +418,6 @@ def figure_inches(picture):
     sizes = [_panel_inches(p) for p in picture.panels]
     width = ncols * max(w for w, _ in sizes)
     return width, nrows * max(h for _, h in sizes) + 0.25 * (len(_title_lines(picture, width)) + 1)
-
-
-def figure_size(picture):
-    """The PNG's size in pixels (width, height)."""
-    w, h = figure_inches(picture)
-    return round(w * DPI), round(h * DPI)
 
 
 def _draw_heatmap(fig, ax, panel):

@@ -322,6 +322,12 @@ def png_size(path):
     return struct.unpack(">II", head[16:24])
 
 
+def figure_size(picture):
+    """The PNG's size in pixels (width, height) that viz.figure_inches promises."""
+    w, h = viz.figure_inches(picture)
+    return round(w * viz.DPI), round(h * viz.DPI)
+
+
 def one_of_each_kind():
     """A small picture from every collector (the one with the fewest panels), on the CPU."""
     groups = [encoder_pictures("ndr", "cpu", n_head=1, n_steps=2), encoder_pictures("transformer-coda", "cpu",
@@ -343,17 +349,17 @@ def test_every_kind_of_picture_is_a_png_of_the_expected_size(tmp_path):
     assert paths == [str(tmp_path / "plots" / f"{p.name}.png") for p in pictures]
     for picture, path in zip(pictures, paths):
         assert os.path.getsize(path) > 1000
-        assert png_size(path) == viz.figure_size(picture), picture.name
+        assert png_size(path) == figure_size(picture), picture.name
     assert pyplot_before or "matplotlib.pyplot" not in sys.modules    # headless: no pyplot, no GUI backend
 
 
 def test_figure_size_grows_with_the_grid():
     panel = viz.Panel(np.zeros((2, 3)), "p", rows=["a", "b"], cols=["x", "y", "z"])
     # a panel is 2.5 + 0.25·columns by 1.75 + 0.25·rows inches, plus 0.25 inch per title line and 0.25 more
-    assert viz.figure_size(viz.Picture("n", "t", [panel])) == (325, 275)
-    assert viz.figure_size(viz.Picture("n", "t", [panel] * 3, ncols=2)) == (650, 500)
+    assert figure_size(viz.Picture("n", "t", [panel])) == (325, 275)
+    assert figure_size(viz.Picture("n", "t", [panel] * 3, ncols=2)) == (650, 500)
     wide = viz.Panel(np.zeros((2, 33)), "p", rows=["a", "b"], cols=[str(i) for i in range(33)])
-    assert viz.figure_size(viz.Picture("n", "t", [wide])) == (675, 250)   # 2.5 + 33/8 inches, up to 1/4
+    assert figure_size(viz.Picture("n", "t", [wide])) == (675, 250)   # 2.5 + 33/8 inches, up to 1/4
 
 
 # --- without matplotlib ----------------------------------------------------------------------------------------

@@ -44,9 +44,6 @@ SORT_PAPER = {
     ("sort", "abstractor-ablation"): dict(SORT_RUN),
     ("sort", "transformer-seq2seq"): dict(SORT_RUN, n_encoder_layers=4, n_decoder_layers=4),
 }
-# "cpu": the same: evaluating every epoch costs nothing when the training loss selects (the released
-# rule, --set stop_on=valid_tf --set patience=50, is cheaper with --set eval_epochs=10)
-SORT_CPU = {}
 
 # --- pairwise order and SET (§6.2–6.3): Adam lr 1e-3, batch 64, no clipping, every epoch trained
 # (patience 0). Pairwise: 100 epochs over all 2,015 training pairs (sigmoid, asymmetric, no W_q/W_k
@@ -108,10 +105,11 @@ class Sort(ObjectRecipe):
       keeps the last epoch's weights, this the lowest-loss epoch's.)
     - ``valid_tf``: the released code's rule (Awni00/abstractor): the validation teacher-forcing
       accuracy, with ``valid_tf`` and ``train`` (greedy full-sequence accuracy on the training set)
-      at every evaluation."""
+      at every evaluation (--set stop_on=valid_tf --set patience=50; cheaper with --set
+      eval_epochs=10)."""
     tasks = ("sort",)
     models = abstractor.SEQ2SEQ_MODELS
-    PAPER, CPU = SORT_PAPER, SORT_CPU
+    PAPER = SORT_PAPER    # "cpu" is the same: every epoch's evaluation is free when the loss selects
     ModelConfig, Options = abstractor.AbstractorConfig, SortOptions
     GREEDY = ("valid", "test", "test_elem")
     SELECTION = {"valid_tf": Selection(metric="valid_tf", once=GREEDY),
@@ -226,7 +224,6 @@ class RelationalTasks(ObjectRecipe):
                                                seed=self.cfg.seed)
 
     def loss(self, model, batch):
-        """(mean loss, {"acc": correct}, n) for a split or batch."""
         logits, y = model(self._objects(batch)), self.to_device([batch.labels])[0]
         if self.row["n_out"] == 1:
             z, t = logits[:, 0], y.astype(logits.dtype)
