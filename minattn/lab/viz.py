@@ -1,21 +1,17 @@
 """Pictures of what a trained model does: attention maps, gates, value scores, relation matrices.
 
-Two halves. *Collectors* (``encoder_pictures``, ``retrieval_pictures``, ``seq2attn_pictures``,
-``seq2seq_pictures``, ``relational_pictures``: one per kind of model, each docstring names the
-papers' figures it draws) run one example through a model (evaluation behaviour, no graph) and
-return ``Picture`` objects holding host NumPy arrays; ``learning_curves`` turns runs' metrics logs
-into one (minattn/lab/report.py reads them). The *renderer* draws a Picture as a PNG with matplotlib
-(``save_png``; ``write_pictures`` saves a list).
+Two halves. *Collectors* (``*_pictures``, one per kind of model, each naming the papers' figures it
+draws) run one example through a model (evaluation behaviour, no graph) and return ``Picture``
+objects of host arrays, with one ``backend.to_numpy`` per picture (plus one for a prediction shown
+in a title), so they run unchanged on a GPU; ``learning_curves`` draws runs' metrics logs
+(minattn/lab/report.py). The *renderer* draws a Picture as a PNG with matplotlib (``save_png``;
+``write_pictures`` saves a list), imported only there: an optional extra (``pip install -e
+'.[plot]'``) that training never needs; without it ``--plot`` says so in one line
+(``require_matplotlib``). ``train.py --plot`` runs each recipe's ``plot_examples`` on a checkpoint
+and adds the run's learning curves:
 
-    pictures = viz.encoder_pictures(model, ids, lengths, tokens, "ctl / ndr: 101 d a b")
+    pictures = viz.encoder_pictures(model, ids, lengths, tokens, "ctl / ndr: 101 d a b", "ex", classes)
     viz.write_pictures(pictures, "runs/ctl-ndr-cpu-s0/plots")
-
-``train.py --plot`` does this for a checkpoint, through each recipe's ``plot_examples``
-(minattn/lab/recipes/), and adds the run's learning curves. matplotlib is imported only inside the
-renderer, so it stays an optional extra (``pip install -e '.[plot]'``) that training never needs;
-without it ``--plot`` says so in one line (``require_matplotlib``). Collectors move data to the host
-explicitly, with one ``backend.to_numpy`` per picture (plus one for a prediction shown in a title),
-so they run unchanged on a GPU.
 """
 import contextlib
 import io
@@ -168,12 +164,12 @@ def _coda_picture(attn, M, g, rows, cols, title, name):
     return Picture(name, title, panels, ncols=3)
 
 
-def encoder_pictures(model, ids, lengths, tokens, title, name="example", classes=None):
+def encoder_pictures(model, ids, lengths, tokens, title, name, classes):
     """One sequence through a ``Classifier`` (models/encoder.py): for the gated models (NDR and the
     "+ gate" baselines) the mean copy gate of every column at every step (NDR paper Fig. 2: which columns
     update at which step); for every model one picture per head with its attention map at every step
     (Fig. 3: who reads whom). ids (1, T) and lengths (1,) on the model's device; ``tokens`` labels the
-    T positions ([SOS, x…, EOS]); ``classes``, when given, adds the predicted class to the titles."""
+    T positions ([SOS, x…, EOS]); ``classes`` names the predicted class in the titles."""
     _check_tokens(tokens, ids.shape[1], "positions")
     attn, trace, coda_calls = model.encoder.layer.attn, [], []
     coda = isinstance(attn, CoDAttention)
@@ -182,8 +178,7 @@ def encoder_pictures(model, ids, lengths, tokens, title, name="example", classes
         else contextlib.nullcontext()
     with _inference(model), hook:
         logits = model(ids[:1], lengths[:1], trace=trace)
-    if classes is not None:
-        title += f" → predicted {classes[int(backend.to_numpy(logits.data.argmax(-1))[0])]}"
+    title += f" → predicted {classes[int(backend.to_numpy(logits.data.argmax(-1))[0])]}"
     xp = backend.array_module(ids)
     steps = [f"step {k + 1}" for k in range(len(trace))]
     pictures = []
@@ -324,7 +319,7 @@ def _abstractor_pictures(abstractor, objects, title, name):
     return pictures
 
 
-def relational_pictures(model, x, tokens, title, name="example", classes=None):
+def relational_pictures(model, x, tokens, title, name, classes):
     """One sample through a ``RelationalClassifier`` (models/abstractor.py; pairwise order, SET): the
     relation matrices σ_rel(R^r) of every layer and relation r (which pairs of objects it relates, and
     how). x (1, m, d_in) on the model's device; ``tokens`` labels the m objects; ``classes`` names the
@@ -333,10 +328,9 @@ def relational_pictures(model, x, tokens, title, name="example", classes=None):
     rcas = [layer.rca for layer in model.layers]
     with _inference(model), _recording(rcas):
         logits = model(x[:1])
-    if classes is not None:
-        z = logits.data[0]                                                 # (n_out,)
-        pick = (z > 0).astype(np.int64)[0] if z.shape[0] == 1 else z.argmax()
-        title += f" → predicted {classes[int(backend.to_numpy(pick))]}"
+    z = logits.data[0]                                                     # (n_out,)
+    pick = (z > 0).astype(np.int64)[0] if z.shape[0] == 1 else z.argmax()
+    title += f" → predicted {classes[int(backend.to_numpy(pick))]}"
     act = rcas[0].activation
     panels = _layer_grid(_stacked(rcas), tokens, tokens, "relation", *_RELATION_RANGE[act])   # (L, d_r) maps
     return [Picture(f"{name}-relations", f"{title}\nrelation matrices {act}(R)", panels,

@@ -132,7 +132,7 @@ def test_encoder_pictures_show_gates_and_every_head_at_every_step(name, gated, d
 def test_collectors_leave_the_model_as_they_found_it(device):
     model = encoder("transformer-coda", device)
     model.train()
-    viz.encoder_pictures(model, *on(device, [[6, 0, 1, 2, 5]], [5]), TOKENS, "t")
+    viz.encoder_pictures(model, *on(device, [[6, 0, 1, 2, 5]], [5]), TOKENS, "t", "t", ["x", "y", "z"])
     attn = model.encoder.layer.attn
     assert model.training and all(m.training for _, m in model.named_modules())
     assert "forward" not in vars(attn) and not attn.record        # the per-call hook is gone
@@ -230,7 +230,8 @@ def test_relational_pictures_show_every_relation(activation, device):
 
 def test_token_labels_must_match_the_input():
     with pytest.raises(ValueError, match="4 token labels for 5 positions"):
-        viz.encoder_pictures(encoder("ndr", "cpu"), np.array([[6, 0, 1, 2, 5]]), np.array([5]), TOKENS[:4], "t")
+        viz.encoder_pictures(encoder("ndr", "cpu"), np.array([[6, 0, 1, 2, 5]]), np.array([5]), TOKENS[:4], "t",
+                             "t", ["x", "y", "z"])
 
 
 # --- learning curves (viz.learning_curves; report.run_curves and report(…, plot_dir) read run directories) ---

@@ -116,8 +116,7 @@ class NDR(Recipe):
 
     @classmethod
     def derive(cls, row, task, model):
-        """CoDA's β = 1/√d_k (N = G/d_k, docs/coda.md §3): at β = 1 the mean gate started at 0.006
-        on CTL and stayed there for 400 steps; at 1/√d_k it starts near 0.5."""
+        """CoDA's β = 1/√d_k (N = G/d_k, docs/coda.md §3): at Eq. 10's β = 1 the gate starts shut."""
         if hasattr(cls.model_config_class(model), "coda_beta") and "coda_beta" not in row:
             row["coda_beta"] = (row["n_head"] / row["d_model"]) ** 0.5
         return row
