@@ -139,33 +139,28 @@ class Sort(ObjectRecipe):
         logits = model(x, tgt_in)
         return F.cross_entropy(logits, y), {"tf_acc": (logits.data.argmax(-1) == y).sum()}, y.size
 
-    def _count(self, model, split, greedy):
-        """(correct sequences, correct tokens) under greedy decoding or teacher forcing, as device
-        scalars."""
+    def _accuracy(self, model, split, greedy):
+        """(full-sequence accuracy, element-wise accuracy) under greedy decoding or teacher
+        forcing."""
         seqs = tokens = 0
-        for chunk in split.chunks(self.cfg.eval_batch_size):
-            x, tgt_in, y = self._arrays(chunk)
-            pred = (model.greedy(x, y.shape[1], SortTask.START)[0] if greedy else
-                    model(x, tgt_in).data.argmax(-1))
-            seqs, tokens = seqs + (pred == y).all(axis=1).sum(), tokens + (pred == y).sum()
-        return seqs, tokens
+        with no_grad(), eval_mode():
+            for chunk in split.chunks(self.cfg.eval_batch_size):
+                x, tgt_in, y = self._arrays(chunk)
+                pred = (model.greedy(x, y.shape[1], SortTask.START)[0] if greedy else
+                        model(x, tgt_in).data.argmax(-1))
+                seqs, tokens = seqs + (pred == y).all(axis=1).sum(), tokens + (pred == y).sum()
+        return fraction(seqs, len(split)), fraction(tokens, split.labels.size)
 
     def evaluate(self, model):
         if self.selection.metric == "train_loss":   # the loop logs the training loss itself
             return {}
-        valid = self.task.splits["valid"]
-        with no_grad(), eval_mode():
-            return {"valid_tf": fraction(self._count(model, valid, False)[1], valid.labels.size),
-                    "train": fraction(self._count(model, self.train_set, True)[0],
-                                      len(self.train_set))}
+        return {"valid_tf": self._accuracy(model, self.task.splits["valid"], False)[1],
+                "train": self._accuracy(model, self.train_set, True)[0]}
 
     def evaluate_selected(self, model):
-        valid, test = self.task.splits["valid"], self.task.splits["test"]
-        with no_grad(), eval_mode():
-            seqs, tokens = self._count(model, test, True)
-            return {"valid": fraction(self._count(model, valid, True)[0], len(valid)),
-                    "test": fraction(seqs, len(test)),
-                    "test_elem": fraction(tokens, test.labels.size)}
+        test, test_elem = self._accuracy(model, self.task.splits["test"], True)
+        return {"valid": self._accuracy(model, self.task.splits["valid"], True)[0], "test": test,
+                "test_elem": test_elem}
 
     def plot_examples(self, model, texts):
         """Encoder attention, the Abstractor's relation matrices and its symbols' attention, on test
