@@ -145,7 +145,7 @@ def _layer_grid(maps, rows, cols, unit, vmin=0.0, vmax=1.0):
             for i, heads in enumerate(maps) for h, m in enumerate(heads)]
 
 
-def _coda_picture(attn, M, g, rows, cols, title, name):
+def _coda_picture(attn, M, g, tokens, title, name):
     """tanh(E), the gate and M of every head (a row each), then their histograms over all heads, for one
     call of a CoDAttention: M = F_X(E) ⊙ gate(N) (attention/coda.py), each in its colour range. M and g are
     device arrays (H, T, S): one transfer brings both to the host."""
@@ -157,7 +157,7 @@ def _coda_picture(attn, M, g, rows, cols, title, name):
             "centered": f"{fn}(N − mean N)"}[attn.gate]
     factors = [((f"{fx}(E)", (-1, 1) if fx == "tanh" else (0, 1)), e),
                ((gate, (0, 1) if fn == "sigmoid" else (-1, 1)), g), (("M", (-1, 1)), M)]
-    panels = [_map(v[h], f"head {h}: {label}", rows, cols, lo, hi)
+    panels = [_map(v[h], f"head {h}: {label}", tokens, tokens, lo, hi)
               for h in range(M.shape[0]) for (label, (lo, hi)), v in factors]
     panels += [Panel(v, f"{label}, all heads", kind="hist", vmin=lo, vmax=hi, xlabel=label, ylabel="count")
                for (label, (lo, hi)), v in factors]
@@ -194,7 +194,7 @@ def encoder_pictures(model, ids, lengths, tokens, title, name, classes):
         maps = backend.to_numpy(xp.stack([A.data[0, h] for A, _ in trace]))                  # (steps, T, T)
         pictures.append(Picture(f"{name}-attention-{unit}{h:02d}", f"{title}\nattention of {unit} {h}", [
             _map(m, f"step {k + 1}, {unit} {h}", tokens, tokens, lo) for k, m in enumerate(maps)]))
-    pictures += [_coda_picture(attn, M.data[0], g.data[0], tokens, tokens, f"{title}\nCoDA at step {k + 1}",
+    pictures += [_coda_picture(attn, M.data[0], g.data[0], tokens, f"{title}\nCoDA at step {k + 1}",
                                f"{name}-coda-step{k + 1:02d}") for k, (M, g) in enumerate(coda_calls)]
     return pictures
 
@@ -282,7 +282,7 @@ def seq2seq_pictures(model, src, n_steps, start, tokens, title, name="example", 
         coda = isinstance(encoder[0], CoDAttention)
         pictures.append(Picture(f"{name}-encoder-attention", f"{title}\nencoder self-attention", _layer_grid(
             _stacked(encoder), tokens, tokens, "head", -1 if coda else 0), ncols=model.cfg.n_head))
-        pictures += [_coda_picture(m, m.last_weights.data[0], m.last_gate.data[0], tokens, tokens,
+        pictures += [_coda_picture(m, m.last_weights.data[0], m.last_gate.data[0], tokens,
                                    f"{title}\nCoDA in encoder layer {i + 1}", f"{name}-coda-layer{i + 1}")
                      for i, m in enumerate(encoder) if coda]
     for k, a in enumerate(abstractors):

@@ -137,8 +137,7 @@ class WarmupAdamW(optim.AdamW):
 
 def optimizer(cfg, params):
     """AdamW at the run's rate and weight decay: constant, or with the options' warm-up
-    (``WarmupSchedule``).
-    """
+    (``WarmupSchedule``)."""
     if isinstance(cfg.options, WarmupSchedule):
         return WarmupAdamW(params, cfg.lr, cfg.options.warmup, cfg.weight_decay)
     return optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)

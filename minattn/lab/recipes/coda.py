@@ -58,8 +58,7 @@ class CoDA(Recipe):
     ROW_OF_ANY_MODEL = "transformer-seq2seq"
     ModelConfig, Options = seq2seq.CoDAEncoderDecoderConfig, MLUOptions
     selection = Selection(metric="valid")
-    # <pad> in MLUTask.out_vocab: ignored by the loss and the accuracies
-    PAD = 0
+    PAD = 0      # <pad> in MLUTask.out_vocab: ignored by the loss and the accuracies
 
     def load_task(self):
         self.task = MLUTask(n_train=self.cfg.options.train_size)

@@ -135,16 +135,15 @@ class NDR(Recipe):
         return F.cross_entropy(logits, y), {"correct": (logits.data.argmax(-1) == y).sum()}, len(y)
 
     def evaluate(self, model):
-        return {s: self._accuracy(model, self.task.splits[s]) for s in ("iid", "valid", "test")
-                if s in self.task.splits}
-
-    def _accuracy(self, model, split):
-        correct = 0
+        result = {}
         with no_grad(), eval_mode():
-            for batch in eval_batches(split, self.cfg.eval_batch_size):
-                x, lengths, y = self.to_device(batch)
-                correct = correct + (model(x, lengths).data.argmax(-1) == y).sum()
-        return fraction(correct, len(split))
+            for name in [s for s in ("iid", "valid", "test") if s in self.task.splits]:
+                correct, split = 0, self.task.splits[name]
+                for batch in eval_batches(split, self.cfg.eval_batch_size):
+                    x, lengths, y = self.to_device(batch)
+                    correct = correct + (model(x, lengths).data.argmax(-1) == y).sum()
+                result[name] = fraction(correct, len(split))
+        return result
 
     def log_extra(self, model):
         """The mean gate on a few IID samples, so a log shows gates that stay shut: the copy gate (g
