@@ -369,21 +369,6 @@ def learning_curves(runs, title, name="learning-curves"):
 
 # --- The renderer ---------------------------------------------------------------------------------
 
-def _value_range(values, vmin, vmax):
-    """(low, high) of the colour scale: the given bounds, else the data's; signed data gets a scale
-    symmetric about 0 so that 0 is the neutral colour."""
-    finite = values[np.isfinite(values)]
-    if vmin is not None and vmax is not None:
-        return vmin, vmax
-    if not finite.size:
-        return 0.0, 1.0
-    lo, hi = float(finite.min()), float(finite.max())
-    if lo < 0:
-        m = max(-lo, hi)
-        return -m, m
-    return lo, hi if hi > lo else lo + 1
-
-
 def _quarter(inches):
     """Rounded up to a quarter inch: at 100 DPI a whole number of pixels, exact in binary, so the PNG's size
     is figure_size's without rounding for matplotlib and us to disagree about."""
@@ -415,7 +400,13 @@ def figure_inches(picture):
 
 
 def _draw_heatmap(fig, ax, panel):
-    lo, hi = _value_range(panel.values, panel.vmin, panel.vmax)
+    """The colour scale is the panel's bounds, else the data's; signed data gets a scale symmetric
+    about 0, so that 0 is the neutral colour."""
+    lo, hi = panel.vmin, panel.vmax
+    if lo is None or hi is None:
+        finite = panel.values[np.isfinite(panel.values)]
+        lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+        lo, hi = (-max(-lo, hi), max(-lo, hi)) if lo < 0 else (lo, hi if hi > lo else lo + 1)
     im = ax.imshow(panel.values, cmap="RdBu_r" if lo < 0 else "viridis", vmin=lo, vmax=hi, aspect="auto",
                    interpolation="nearest")
     small = max(panel.values.shape) > 32
