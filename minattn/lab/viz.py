@@ -371,7 +371,7 @@ def learning_curves(runs, title, name="learning-curves"):
 
 def _quarter(inches):
     """Rounded up to a quarter inch: at 100 DPI a whole number of pixels, exact in binary, so the PNG's size
-    is figure_size's without rounding for matplotlib and us to disagree about."""
+    is figure_inches · DPI without rounding for matplotlib and us to disagree about."""
     return math.ceil(inches * 4) / 4
 
 

@@ -78,7 +78,8 @@ class ObjectRecipe(Recipe):
         return self.to_device([self.task.objects[split.index]])[0]
 
     def _plot_inputs(self, texts):
-        """``plot_inputs`` of object indices: the test samples', or --example texts of indices."""
+        """(file name, object indices, the objects on the device) of the test samples --plot shows, or
+        of --example texts of indices."""
         n, m = len(self.task.objects), self.task.splits["test"].index.shape[1]
 
         def parse(text):
@@ -86,7 +87,8 @@ class ObjectRecipe(Recipe):
             if len(text.split()) != m or len(set(index.tolist())) != m or not (index < n).all():
                 raise ValueError(f"--example {text!r}: give {m} distinct object indices in 0..{n - 1}")
             return index
-        return self.plot_inputs(texts, parse, lambda split, i: (split.index[i], None))
+        return [(name, index, self.to_device([self.task.objects[index][None]])[0]) for name, index, _
+                in self.plot_inputs(texts, parse, lambda split, i: (split.index[i], None))]
 
 
 class Sort(ObjectRecipe):
@@ -167,10 +169,9 @@ class Sort(ObjectRecipe):
         sequences or --example object indices ("17 3 40 29 5 11 46 0 33 21": 10 of the 48
         objects)."""
         pictures = []
-        for name, index, _ in self._plot_inputs(texts):
+        for name, index, x in self._plot_inputs(texts):
             title = self.plot_title(f"objects {' '.join(map(str, index))}",
                                     " ".join(map(str, np.argsort(index))))
-            x = self.to_device([self.task.objects[index][None]])[0]
             pictures += viz.seq2seq_pictures(model, x, len(index), SortTask.START,
                                              [f"o{i}" for i in index], title, name)
         return pictures
@@ -244,9 +245,8 @@ class RelationalTasks(ObjectRecipe):
         """The relation matrices of every layer and relation, on test samples or --example object
         indices (pairwise: "5 41", two of the 64 objects; set: "0 40 80", three of the 81 cards)."""
         pictures, classes = [], self.row["classes"]
-        for name, index, _ in self._plot_inputs(texts):
+        for name, index, x in self._plot_inputs(texts):
             tokens, target = self.row["tokens"](self.task, index)
-            x = self.to_device([self.task.objects[index][None]])[0]
             pictures += viz.relational_pictures(model, x, tokens,
                                                 self.plot_title(" ".join(tokens), classes[target]),
                                                 name, classes)
