@@ -3,15 +3,9 @@
 A recipe is one paper's way to train: its presets, how it builds its model, draws batches, computes
 the loss, evaluates and selects, and draws pictures. train.py runs the same loop for all of them;
 ``minattn/lab/recipes/__init__.py`` lists them in one table (``RECIPES``). A recipe is a subclass of
-``Recipe`` with these tables and hooks:
+``Recipe`` with its tables (the class attributes of ``Recipe``: names, presets, config classes, the
+selection rule) and these hooks:
 
-    tasks, models           the --task and --model names it trains (models: a registry of rows)
-    PAPER, CPU              its presets: the paper's row per (task, model) and the "cpu" preset's
-                            overrides, with their reasons (``preset_row``; ``derive`` computes what
-                            a row counts)
-    ModelConfig, Options    the model's config class (``model_config_class`` when it differs per
-                            model) and the task options' class, or None
-    selection               the model-selection rule (a ``Selection``; a property when per task)
     load_task()             generate (or load) the data; keep it on self (``task``: its splits)
     build_model()           the network (a minattn.nn.Module)
     batches(rng)            endless host-side training batches, a pure function of rng (for
@@ -191,12 +185,12 @@ def field_types(recipe, model):
 
 class Recipe:
     """The interface train() relies on (see the module docstring)."""
-    tasks = ()                       # task names this recipe trains
-    models = {}                      # model name → its registry row (models/*.py)
-    PAPER, CPU = {}, {}              # presets (``preset_row``)
+    tasks = ()                       # the --task names this recipe trains
+    models = {}                      # --model name → its registry row (models/*.py)
+    PAPER, CPU = {}, {}              # presets: the paper's row per (task, model), "cpu"'s overrides
     SAME_ROWS = {}                   # task → the task whose preset rows it uses
     ROW_OF_ANY_MODEL = None          # the model whose rows a model without its own uses
-    ModelConfig = None               # the model config class (``model_config_class``)
+    ModelConfig = None               # the model config class (per model: ``model_config_class``)
     Options = None                   # the task options class, or None
     selection = Selection()          # the model-selection rule (a property when per run)
 
