@@ -55,8 +55,8 @@ RELATIONAL_RUN = dict(batch_size=64, eval_batch_size=2048, lr=1e-3, weight_decay
 RELATIONAL_PAPER = {
     ("pairwise", "abstractor-simplified"): dict(RELATIONAL_RUN, train_size=2015, epochs=100),
     ("set", "abstractor-simplified"): dict(RELATIONAL_RUN, train_size=2000, epochs=200,
-                                           activation="linear",
-                                           symmetric=True, rel_bias=True, d_ff=128, head_hidden=0),
+                                           activation="linear", symmetric=True, rel_bias=True,
+                                           d_ff=128, head_hidden=0),
 }
 
 
@@ -78,17 +78,18 @@ class ObjectRecipe(Recipe):
         return self.to_device([self.task.objects[split.index]])[0]
 
     def _plot_inputs(self, texts):
-        """(file name, object indices, the objects on the device) of the test samples --plot shows, or
-        of --example texts of indices."""
+        """(file name, object indices, the objects on the device) of the test samples --plot
+        shows, or of --example texts of indices."""
         n, m = len(self.task.objects), self.task.splits["test"].index.shape[1]
 
         def parse(text):
             index = np.array([int(t) for t in text.split() if t.isdigit()])
             if len(text.split()) != m or len(set(index.tolist())) != m or not (index < n).all():
-                raise ValueError(f"--example {text!r}: give {m} distinct object indices in 0..{n - 1}")
+                raise ValueError(f"--example {text!r}: give {m} distinct object indices in "
+                                 f"0..{n - 1}")
             return index
-        return [(name, index, self.to_device([self.task.objects[index][None]])[0]) for name, index, _
-                in self.plot_inputs(texts, parse, lambda split, i: (split.index[i], None))]
+        inputs = self.plot_inputs(texts, parse, lambda split, i: (split.index[i], None))
+        return [(name, i, self.to_device([self.task.objects[i][None]])[0]) for name, i, _ in inputs]
 
 
 class Sort(ObjectRecipe):
@@ -111,7 +112,7 @@ class Sort(ObjectRecipe):
       eval_epochs=10)."""
     tasks = ("sort",)
     models = abstractor.SEQ2SEQ_MODELS
-    PAPER = SORT_PAPER    # "cpu" is the same: every epoch's evaluation is free when the loss selects
+    PAPER = SORT_PAPER    # "cpu" is the same: evaluating every epoch is free when the loss selects
     ModelConfig, Options = abstractor.AbstractorConfig, SortOptions
     GREEDY = ("valid", "test", "test_elem")
     SELECTION = {"valid_tf": Selection(metric="valid_tf", once=GREEDY),
@@ -215,9 +216,8 @@ class RelationalTasks(ObjectRecipe):
 
     def build_model(self):
         return abstractor.RelationalClassifier(self.task.objects.shape[1],
-                                               self.train_set.index.shape[1],
-                                               self.row["n_out"], self.cfg.model_config,
-                                               seed=self.cfg.seed)
+                                               self.train_set.index.shape[1], self.row["n_out"],
+                                               self.cfg.model_config, seed=self.cfg.seed)
 
     def loss(self, model, batch):
         logits, y = model(self._objects(batch)), self.to_device([batch.labels])[0]

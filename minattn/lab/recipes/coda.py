@@ -131,7 +131,7 @@ class CoDA(Recipe):
                                   lambda split, i: (split.inputs[i], split.lines[i].split(":")[1]))
         for name, src, target in inputs:
             tokens = [task.in_vocab[i] for i in src]
-            pictures += viz.seq2seq_pictures(model, self.to_device([src[None]])[0], longest, task.sos,
-                                             tokens, self.plot_title("".join(tokens), target), name,
-                                             task.out_vocab)
+            title = self.plot_title("".join(tokens), target)
+            pictures += viz.seq2seq_pictures(model, self.to_device([src[None]])[0], longest,
+                                             task.sos, tokens, title, name, task.out_vocab)
         return pictures

@@ -87,10 +87,11 @@ CPU = {
     # ListOps: the copy-gated models halve the batch
     ("listops", "transformer-rel-gate"): dict(steps=1200, batch_size=64),
     ("listops", "transformer-absrel-gate"): dict(steps=1200, batch_size=64),
-    # NDR keeps its paper row's shape at d = 128: d_ff/d as in the row and 32-dimensional heads (on
-    # ListOps 4, as the paper's 16 at its d = 512), with the row's dropouts: with 1 head and dropout
-    # 0.3 it stayed at the majority class on arithmetic and ListOps. Beyond the shape it departs from
-    # its row only in CTL's dropout 0.3 and arithmetic's 4,000 steps (not the gated baselines' 1,200).
+    # NDR keeps its paper row's shape at d = 128: d_ff/d as in the row and 32-dimensional heads
+    # (on ListOps 4, as the paper's 16 at its d = 512), with the row's dropouts: with 1 head and
+    # dropout 0.3 it stayed at the majority class on arithmetic and ListOps. Beyond the shape it
+    # departs from its row only in CTL's dropout 0.3 and arithmetic's 4,000 steps (the gated
+    # baselines' 1,200).
     ("ctl", "ndr"): dict(d_ff=256, dropout=0.3),
     ("arith", "ndr"): dict(d_ff=512, steps=4000),
     ("listops", "ndr"): dict(d_ff=256, n_head=4, steps=1200, batch_size=64),
@@ -114,7 +115,8 @@ class NDR(Recipe):
 
     @classmethod
     def derive(cls, row, task, model):
-        """CoDA's β = 1/√d_k (N = G/d_k, docs/coda.md §3): at Eq. 10's β = 1 the gate starts shut."""
+        """CoDA's β = 1/√d_k (N = G/d_k, docs/coda.md §3): at Eq. 10's β = 1 the gate starts
+        shut."""
         if hasattr(cls.model_config_class(model), "coda_beta") and "coda_beta" not in row:
             row["coda_beta"] = (row["n_head"] / row["d_model"]) ** 0.5
         return row
@@ -124,8 +126,7 @@ class NDR(Recipe):
 
     def build_model(self):
         return Classifier(self.cfg.model, len(self.task.vocab), len(self.task.classes),
-                          self.cfg.model_config,
-                          seed=self.cfg.seed)
+                          self.cfg.model_config, seed=self.cfg.seed)
 
     def loss(self, model, batch):
         x, lengths, y = self.to_device(batch)
@@ -164,7 +165,7 @@ class NDR(Recipe):
                                   lambda split, i: (split.inputs[i], task.classes[split.labels[i]]))
         for name, seq, target in inputs:
             ids, lengths = collate([seq], len(task.vocab))
+            title = self.plot_title(task.decode(seq), target)
             pictures += viz.encoder_pictures(model, *self.to_device((ids, lengths)),
-                                             [names[i] for i in ids[0]],
-                                             self.plot_title(task.decode(seq), target), name, task.classes)
+                                             [names[i] for i in ids[0]], title, name, task.classes)
         return pictures

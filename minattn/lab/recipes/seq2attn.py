@@ -33,9 +33,11 @@ LOOKUP = dict(RUN, batch_size=1, eval_every=100, batching="shuffled")
 SCAN = dict(RUN, batch_size=64, batching="bucketed")
 PAPER = {
     ("lookup", "seq2attn"): dict(LOOKUP, d_embedding=256, d_hidden=256, n_layers=1, cell="gru"),
-    ("lookup", "seq2seq"): dict(LOOKUP, **SEQ2SEQ, d_embedding=128, d_hidden=512, n_layers=1, cell="gru"),
+    ("lookup", "seq2seq"): dict(LOOKUP, **SEQ2SEQ, d_embedding=128, d_hidden=512, n_layers=1,
+                                cell="gru"),
     ("scan", "seq2attn"): dict(SCAN, d_embedding=512, d_hidden=512, n_layers=1, cell="gru"),
-    ("scan", "seq2seq"): dict(SCAN, **SEQ2SEQ, d_embedding=200, d_hidden=200, n_layers=2, cell="lstm"),
+    ("scan", "seq2seq"): dict(SCAN, **SEQ2SEQ, d_embedding=200, d_hidden=200, n_layers=2,
+                              cell="lstm"),
 }
 # "cpu" keeps all of that but shrinks both models to E = H = 64 (lookup; the paper's ablation uses
 # one size for all) or 128 (SCAN).
@@ -114,8 +116,7 @@ class Seq2Attn(Recipe):
 
     def build_model(self):
         return seq2attn.Seq2Attn(self.cfg.model_config, len(self.task.in_vocab),
-                                 len(self.task.out_vocab),
-                                 self.task.sos, seed=self.cfg.seed)
+                                 len(self.task.out_vocab), self.task.sos, seed=self.cfg.seed)
 
     def loss(self, model, batch):
         src, src_lengths, tgt, tgt_lengths = self.to_device(batch)
@@ -173,13 +174,15 @@ class Seq2Attn(Recipe):
         None)."""
         attention, correct, taus, calls = model.attention, 0, [], []
         gumbel = attention.activation != "softmax"
-        record = viz.after_each_call(attention, lambda q, *_: calls.append(viz.step_tau(attention, q)))
+        record = viz.after_each_call(attention,
+                                     lambda query, *_: calls.append(viz.step_tau(attention, query)))
         with no_grad(), eval_mode(), (record if gumbel else contextlib.nullcontext()):
             for batch in split.eval_batches(self.cfg.eval_batch_size, rows):
                 src, src_lengths, tgt, tgt_lengths = self.to_device(batch)
                 correct = correct + _correct(model, src, src_lengths, tgt, tgt_lengths).sum()
                 if gumbel:   # τ (B, steps) → the steps up to <eos>
-                    xp, tau = backend.array_module(tgt), backend.array_module(tgt).stack(calls, axis=1)
+                    xp = backend.array_module(tgt)
+                    tau = xp.stack(calls, axis=1)
                     taus.append(tau[xp.arange(tau.shape[1]) < tgt_lengths[:, None]])
                     calls.clear()
         return int(backend.to_numpy(correct)), (backend.to_numpy(xp.concatenate(taus)) if gumbel else None)
@@ -196,7 +199,7 @@ class Seq2Attn(Recipe):
         for name, src, target in inputs:
             tokens = [task.in_vocab[i] for i in src]
             src, lengths = self.to_device((src[None], np.array([len(src)])))
+            title = self.plot_title(" ".join(tokens), target)
             pictures += viz.seq2attn_pictures(model, src, lengths, longest + len(tokens), tokens,
-                                              task.out_vocab, self.plot_title(" ".join(tokens), target),
-                                              name)
+                                              task.out_vocab, title, name)
         return pictures
