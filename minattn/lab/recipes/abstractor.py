@@ -48,8 +48,7 @@ SORT_PAPER = {
 # --- pairwise order and SET (§6.2–6.3): Adam lr 1e-3, batch 64, no clipping, every epoch trained
 # (patience 0). Pairwise: 100 epochs over all 2,015 training pairs (sigmoid, asymmetric, no W_q/W_k
 # bias, head Dense(32, ReLU) → 1 logit); SET: 200 epochs over 2,000 training triples (linear,
-# symmetric with bias, d_ff 128, head → 2 logits). Both presets are the paper's: a run takes
-# minutes.
+# symmetric with bias, d_ff 128, head → 2 logits). "cpu" is the paper's: a run takes minutes.
 RELATIONAL_RUN = dict(batch_size=64, eval_batch_size=2048, lr=1e-3, weight_decay=0.0, grad_clip=0.0,
                       steps=None, eval_every=None, eval_epochs=1, patience=0)
 RELATIONAL_PAPER = {
@@ -143,8 +142,7 @@ class Sort(ObjectRecipe):
         return F.cross_entropy(logits, y), {"tf_acc": (logits.data.argmax(-1) == y).sum()}, y.size
 
     def _accuracy(self, model, split, greedy):
-        """(full-sequence accuracy, element-wise accuracy) under greedy decoding or teacher
-        forcing."""
+        """(full-sequence, element-wise accuracy), decoded greedily or under teacher forcing."""
         seqs = tokens = 0
         with no_grad(), eval_mode():
             for chunk in split.chunks(self.cfg.eval_batch_size):

@@ -205,8 +205,7 @@ class Recipe:
 
     @classmethod
     def derive(cls, row, task, model):
-        """Fields a preset computes from its other fields (e.g. SCAN's steps from its split);
-        default none."""
+        """Fields a preset computes from the others (SCAN's steps from its split): none here."""
         return row
 
     @classmethod

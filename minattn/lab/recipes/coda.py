@@ -71,8 +71,7 @@ class CoDA(Recipe):
                      seed=self.cfg.seed)
 
     def _arrays(self, batch):
-        """Device arrays: source ids, source mask, decoder input [<sos>, y_1..y_{T−1}] and
-        targets."""
+        """Device arrays: source ids and mask, decoder input [<sos>, y_1..y_{T−1}], targets."""
         src, src_lengths, tgt, _ = batch
         tgt_in = np.concatenate([np.full((len(tgt), 1), self.task.sos, tgt.dtype), tgt[:, :-1]], axis=1)
         src_mask = np.arange(src.shape[1]) < src_lengths[:, None]

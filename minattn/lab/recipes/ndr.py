@@ -14,7 +14,7 @@ from minattn.models.encoder import ARCHITECTURES, Classifier
 from .. import viz
 from .base import Recipe, Selection, fraction, parse_tokens
 
-# --- "paper": the official sweeps (§8), which the paper's Tables 4–6 repeat -------------------------
+# --- "paper": the official sweeps (§8), which the paper's Tables 4–6 repeat ---------------------
 # One row per (task, model), the model's fields (EncoderConfig) and the run's. Embeddings (§5):
 # N(0, 1) for NDR, the gated baselines and the plain "Transformer"; §5 lists Kaiming for the
 # CTL/arithmetic "Transformer", but the official code builds that (universal) variant without
@@ -90,8 +90,7 @@ CPU = {
     # NDR keeps its paper row's shape at d = 128: d_ff/d as in the row and 32-dimensional heads
     # (on ListOps 4, as the paper's 16 at its d = 512), with the row's dropouts: with 1 head and
     # dropout 0.3 it stayed at the majority class on arithmetic and ListOps. Beyond the shape it
-    # departs from its row only in CTL's dropout 0.3 and arithmetic's 4,000 steps (the gated
-    # baselines' 1,200).
+    # departs from its row only in CTL's dropout 0.3 and arithmetic's 4,000 steps (gated: 1,200).
     ("ctl", "ndr"): dict(d_ff=256, dropout=0.3),
     ("arith", "ndr"): dict(d_ff=512, steps=4000),
     ("listops", "ndr"): dict(d_ff=256, n_head=4, steps=1200, batch_size=64),
@@ -115,8 +114,7 @@ class NDR(Recipe):
 
     @classmethod
     def derive(cls, row, task, model):
-        """CoDA's β = 1/√d_k (N = G/d_k, docs/coda.md §3): at Eq. 10's β = 1 the gate starts
-        shut."""
+        """CoDA's β = 1/√d_k (N = G/d_k, docs/coda.md §3): Eq. 10's β = 1 starts the gate shut."""
         if hasattr(cls.model_config_class(model), "coda_beta") and "coda_beta" not in row:
             row["coda_beta"] = (row["n_head"] / row["d_model"]) ** 0.5
         return row

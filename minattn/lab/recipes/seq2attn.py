@@ -170,8 +170,7 @@ class Seq2Attn(Recipe):
 
     def _decode(self, model, split, rows):
         """The number of rows of ``split`` (all if None) that greedy decoding gets right, and with
-        Gumbel attention the τ_t of each of their decoding steps up to <eos> (a host array; else
-        None)."""
+        Gumbel attention the τ_t of their decoding steps up to <eos> (a host array), else None."""
         attention, correct, taus, calls = model.attention, 0, [], []
         gumbel = attention.activation != "softmax"
         record = viz.after_each_call(attention,
