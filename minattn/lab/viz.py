@@ -240,8 +240,7 @@ def seq2attn_pictures(model, src, src_lengths, max_len, in_tokens, out_vocab, ti
     """Greedy decoding of one sequence by a ``Seq2Attn`` (models/seq2attn.py): the attention trace (output
     step × input token; one-hot for seq2attn at inference, soft for the baseline), with rows labelled by
     the predicted tokens up to <eos>, and — with Gumbel attention — the temperature τ of every step.
-    src (1, n) ids and src_lengths (1,); ``in_tokens`` labels the n inputs; ``out_vocab`` maps output ids
-    to text."""
+    src (1, n) ids, src_lengths (1,); ``in_tokens`` labels the inputs, ``out_vocab`` the output ids."""
     _check_tokens(in_tokens, src.shape[1], "inputs")
     attention, taus = model.attention, []
     gumbel = attention.activation != "softmax"

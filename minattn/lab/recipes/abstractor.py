@@ -17,16 +17,14 @@ from .base import EpochSchedule, Recipe, Selection, fraction
 
 @dataclasses.dataclass
 class SortOptions(EpochSchedule):
-    """The sorting run's options: its training set, its epochs (EpochSchedule) and its selection
-    and stopping metric: "train_loss" (the code behind the paper's Fig. 4) or "valid_tf" (the
-    released code); see Sort."""
+    """The sorting run's options: training set, epochs (EpochSchedule) and the selection and
+    stopping metric, "train_loss" (the code behind Fig. 4) or "valid_tf" (the released code)."""
     stop_on: str = "train_loss"
 
 
 @dataclasses.dataclass
 class RelationalOptions(EpochSchedule):
-    """The pairwise and SET runs' options: their training set and epochs (EpochSchedule), SET's
-    cards."""
+    """The pairwise and SET runs' options: training set and epochs (EpochSchedule), SET's cards."""
     cards: str = "onehot"          # SET card vectors: "onehot" (12-d) or "random64" (§6.3)
 
 
@@ -107,8 +105,7 @@ class Sort(ObjectRecipe):
       keeps the last epoch's weights, this the lowest-loss epoch's.)
     - ``valid_tf``: the released code's rule (Awni00/abstractor): the validation teacher-forcing
       accuracy, with ``valid_tf`` and ``train`` (greedy full-sequence accuracy on the training set)
-      at every evaluation (--set stop_on=valid_tf --set patience=50; cheaper with --set
-      eval_epochs=10)."""
+      at every evaluation (--set stop_on=valid_tf --set patience=50; cheaper: eval_epochs=10)."""
     tasks = ("sort",)
     models = abstractor.SEQ2SEQ_MODELS
     PAPER = SORT_PAPER    # "cpu" is the same: evaluating every epoch is free when the loss selects
@@ -165,8 +162,7 @@ class Sort(ObjectRecipe):
 
     def plot_examples(self, model, texts):
         """Encoder attention, the Abstractor's relation matrices and its symbols' attention, on test
-        sequences or --example object indices ("17 3 40 29 5 11 46 0 33 21": 10 of the 48
-        objects)."""
+        sequences or --example object indices (10 of the 48: "17 3 40 29 5 11 46 0 33 21")."""
         pictures = []
         for name, index, x in self._plot_inputs(texts):
             title = self.plot_title(f"objects {' '.join(map(str, index))}",

@@ -55,8 +55,7 @@ class RunConfig:
     weight_decay: float = 0.01     # AdamW, on all parameters (docs/ndr.md §6)
     grad_clip: float = 5.0         # global L2 norm (0: no clipping)
     # "bucketed" (length-sorted batches), "random" (with replacement), "balanced" / "stratified"
-    # (depths drawn uniformly per batch / per sample) or, for seq2seq tasks, "shuffled" (a new
-    # permutation each epoch)
+    # (depths uniform per batch / per sample) or, for seq2seq tasks, "shuffled" (anew each epoch)
     batching: str = "bucketed"
     eval_every: int = 500          # (None: counted in epochs, see ``EpochSchedule``)
     eval_batch_size: int = 1024
@@ -69,8 +68,8 @@ class EpochSchedule:
     """Task options of a recipe that trains in Keras-style epochs over a training set of
     ``train_size`` samples: unless --steps / --eval-every are given, the step budget is ``epochs``
     epochs and an evaluation comes every ``eval_epochs`` epochs (``schedule`` resolves both before
-    the recipe is built); training stops after ``patience`` epochs without a better selection metric
-    (0: never)."""
+    the recipe is built); training stops after ``patience`` epochs (0: never) without a better
+    selection metric."""
     train_size: int = 0
     epochs: int = 0
     eval_epochs: int = 1
@@ -116,8 +115,7 @@ class WarmupSchedule:
 class WarmupAdamW(optim.AdamW):
     """AdamW (β 0.9/0.98, ε 1e-9; docs/coda.md §6) whose rate rises linearly to ``lr`` over
     ``warmup`` steps, then decays as lr·√(warmup/t) (Vaswani et al. 2017, §5.3, with the peak given
-    directly). The rate is a function of the step count alone, so --resume continues the schedule
-    exactly."""
+    directly). The rate is a function of the step count alone: --resume continues it exactly."""
 
     def __init__(self, params, lr, warmup, weight_decay=0.0):
         super().__init__(params, lr, betas=(0.9, 0.98), eps=1e-9, weight_decay=weight_decay)
@@ -130,8 +128,7 @@ class WarmupAdamW(optim.AdamW):
 
 
 def optimizer(cfg, params):
-    """AdamW at the run's rate and weight decay: constant, or with the options' warm-up
-    (``WarmupSchedule``)."""
+    """AdamW at the run's rate and weight decay, constant or warmed up (``WarmupSchedule``)."""
     if isinstance(cfg.options, WarmupSchedule):
         return WarmupAdamW(params, cfg.lr, cfg.options.warmup, cfg.weight_decay)
     return optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -154,8 +151,7 @@ def preset_row(recipe, task, model, preset):
     """The preset of (task, model) as one dict of fields by name: the paper's row of
     ``recipe.PAPER`` (a task may share another's rows, ``SAME_ROWS``; a model without a row of its
     own takes ``ROW_OF_ANY_MODEL``'s), and for "cpu" the overrides of ``recipe.CPU`` in this order:
-    "*" (every run), the task, the model, (task, model). A missing row is a UsageError that names
-    the rows there are."""
+    "*" (every run), the task, the model, (task, model). A missing row: a UsageError naming rows."""
     task = recipe.SAME_ROWS.get(task, task)
     paper, fallback = recipe.PAPER, recipe.ROW_OF_ANY_MODEL
     row = paper.get((task, model), paper.get((task, fallback)))

@@ -18,8 +18,7 @@ from .base import Recipe, Selection, WarmupSchedule, fraction, parse_tokens
 
 @dataclasses.dataclass
 class MLUOptions(WarmupSchedule):
-    """The MLU run's options: its data, its warm-up (WarmupSchedule) and the training pairs it
-    evaluates."""
+    """The MLU run's options: its data, warm-up (WarmupSchedule) and training pairs evaluated."""
     # distinct training pairs (--train-size); valid 2,000 and test 5,000 stay fixed
     train_size: int = 200_000
     eval_train: int = 2000         # training pairs whose greedy accuracy is reported as "train"
@@ -50,8 +49,7 @@ class CoDA(Recipe):
     everywhere (``transformer-seq2seq-coda``; §6): cross-entropy under teacher forcing, <pad>
     ignored. The metric is sequence accuracy under greedy decoding: every character and the <eos>
     must be right (§5), on ``train`` (its first ``eval_train`` pairs), ``valid`` (model selection)
-    and ``test`` (reported at the selected evaluation). ``gate_mean``: CoDA's mean gate on 256
-    validation pairs."""
+    and ``test`` (reported at the selected evaluation); ``gate_mean``: CoDA's on 256 valid pairs."""
     tasks = ("mlu",)
     models = seq2seq.MODELS
     PAPER, CPU = PAPER, CPU

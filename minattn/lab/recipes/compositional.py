@@ -29,7 +29,7 @@ PAPER = {
     ("retrieval", "mha"): dict(steps=100_000, batch_size=256, eval_every=5000, lr=1e-4,
                                weight_decay=0.0, grad_clip=0.0),
 }
-# "cpu": 30,000 steps, an evaluation every 2,500 (step times: RESULTS.md, "... cpu presets")
+# "cpu": 30,000 steps, an evaluation every 2,500 (RESULTS.md has the step times behind them)
 CPU = {"*": dict(steps=30_000, eval_every=2500)}
 
 
@@ -75,8 +75,7 @@ class Compositional(Recipe):
         return result
 
     def analyze(self, model):
-        """Paper Fig. 5: mean value score of each model (search, retrieval) per ground-truth
-        choice."""
+        """Paper Fig. 5: mean value score of each model (search, retrieval) per true choice."""
         # In OOD mode also on the held-out combinations: do the choices compose?
         pools = [self.train_pool] + (["test"] if self.train_pool == "train" else [])
         out = []
@@ -95,8 +94,7 @@ class Compositional(Recipe):
 
     def plot_examples(self, model, texts):
         """Paper Figs. 4–5: search maps, and value scores per search and per ground-truth retrieval,
-        on the fresh samples --analyze uses (inputs are random vectors: there is no text to
-        give)."""
+        on the fresh samples --analyze uses (the inputs are random vectors: no --example)."""
         if texts:
             raise ValueError("retrieval inputs are random vectors: --example is not available for "
                              "this task")

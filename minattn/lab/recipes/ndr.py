@@ -75,8 +75,7 @@ CPU = {
     # ListOps: d = 128 (the copy-gated models set their own sizes below)
     "listops": dict(steps=2000, d_model=128, d_ff=512, n_head=4),
     # The copy-gated models apply their layer 14–20 times, so they get fewer steps outside CTL
-    # (below) and d = 128; the "+ gate" baselines' d_ff = 4·d, as the official code hard-wires for
-    # their layer (§4.3).
+    # (below) and d = 128; the "+ gate" baselines' d_ff = 4·d, the official code's (§4.3).
     "transformer-rel-gate": dict(d_model=128, d_ff=512, n_head=1, dropout=0.3,
                                  attention_dropout=0.1),
     "transformer-absrel-gate": dict(d_model=128, d_ff=512, n_head=1, dropout=0.3,

@@ -75,8 +75,7 @@ ANALYSIS_SAMPLE = 2000   # training examples --analyze decodes
 
 
 def _correct(model, src, src_lengths, tgt, tgt_lengths):
-    """(B,) bool: greedy decoding with argmax attention gets every target token, <eos> included,
-    right."""
+    """(B,) bool: greedy decoding with argmax attention gets all target tokens, <eos> too, right."""
     padding = backend.array_module(tgt).arange(tgt.shape[1]) >= tgt_lengths[:, None]
     return ((model.greedy(src, src_lengths, tgt.shape[1]) == tgt) | padding).all(axis=1)
 
@@ -86,8 +85,7 @@ class Seq2Attn(Recipe):
     greedy decoding with argmax attention: every target token, <eos> included, must be right (§1.6).
     Lookup reports the evaluation with the lowest validation loss (§1.6), a loss computed, as the
     reference's evaluator does, while the model feeds back its own predictions. SCAN has no
-    validation set and reports the end of training (§3.6); its train split (15–22k commands) is not
-    evaluated."""
+    validation set and reports the end of training (§3.6), not evaluating its 15–22k train pairs."""
     tasks = ("lookup", "scan")
     models = seq2attn.MODELS
     PAPER, CPU = PAPER, CPU
@@ -95,8 +93,7 @@ class Seq2Attn(Recipe):
 
     @classmethod
     def derive(cls, row, task, model):
-        """Steps: whole epochs of the train split (``TASKS``); lookup evaluates every 100, SCAN 10
-        times."""
+        """Steps: epochs of the train split (``TASKS``); lookup evaluates every 100, SCAN 10x."""
         split, t = row.get("split", ""), TASKS[task]
         if split and not t["needs_split"]:
             raise ValueError(f"{task} has one split structure (sample1): drop --split")
@@ -187,9 +184,8 @@ class Seq2Attn(Recipe):
         return int(backend.to_numpy(correct)), (backend.to_numpy(xp.concatenate(taus)) if gumbel else None)
 
     def plot_examples(self, model, texts):
-        """The attention trace (one-hot for seq2attn at inference) and the temperature of every
-        step, on test examples (lookup: heldout_compositions) or --example inputs ("100 t3 t1 .",
-        "jump twice")."""
+        """The attention trace (one-hot for seq2attn at inference) and τ at every step, on test
+        examples (lookup: heldout_compositions) or --example texts ("100 t3 t1 .", "jump twice")."""
         task, pictures = self.task, []
         longest = max(int(s.targets.lengths.max()) for s in task.splits.values())
         inputs = self.plot_inputs(texts, lambda text: parse_tokens(text, task.in_vocab),
