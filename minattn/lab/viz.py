@@ -1,26 +1,17 @@
 """Pictures of what a trained model does: attention maps, gates, value scores, relation matrices.
 
-Two halves. *Collectors* run one example through a model (evaluation behaviour, no graph) and return
-``Picture`` objects holding host NumPy arrays: ``encoder_pictures`` (the NDR paper's encoders: copy-gate
-activity and every head's attention at every step, its Figs. 2–3), ``retrieval_pictures`` (the CRT:
-search maps and the value scores of Compositional Attention's Figs. 4–5), ``seq2attn_pictures`` (the
-attention trace, one-hot at inference, and the Gumbel temperature per step), ``seq2seq_pictures`` (the
-encoder–decoders of sorting and MLU: encoder attention, the Abstractor's relation matrices and its
-symbols' attention) and ``relational_pictures`` (the simplified Abstractor's relation matrices). Where the
-attention is CoDA, its factors tanh(E) and gate(N) and their product M come as heatmaps and histograms
-(``_coda_picture``). ``learning_curves`` draws runs' metrics logs (minattn/lab/report.py reads them: the
-training loss and every metric against the step, the selected step marked). The *renderer* draws a Picture
-as a PNG with matplotlib (``save_png``; ``write_pictures`` saves a list).
+Two halves. *Collectors* (``*_pictures``, one per kind of model, each naming the papers' figures it
+draws) run one example through a model (evaluation behaviour, no graph) and return ``Picture``
+objects of host arrays, with one ``backend.to_numpy`` per picture (plus one for a prediction shown
+in a title), so they run unchanged on a GPU; ``learning_curves`` draws runs' metrics logs
+(minattn/lab/report.py). The *renderer* draws a Picture as a PNG with matplotlib (``save_png``;
+``write_pictures`` saves a list), imported only there: an optional extra (``pip install -e
+'.[plot]'``) that training never needs; without it ``--plot`` says so in one line
+(``require_matplotlib``). ``train.py --plot`` runs each recipe's ``plot_examples`` on a checkpoint
+and adds the run's learning curves:
 
-    pictures = viz.encoder_pictures(model, ids, lengths, tokens, "ctl / ndr: 101 d a b")
+    pictures = viz.encoder_pictures(model, ids, lengths, tokens, "ctl / ndr: 101 d a b", "ex", classes)
     viz.write_pictures(pictures, "runs/ctl-ndr-cpu-s0/plots")
-
-``train.py --plot`` does this for a checkpoint, through each recipe's ``plot_examples``
-(minattn/lab/recipes/), and adds the run's learning curves (report.run_curves). matplotlib is imported
-only inside the renderer, so it stays an optional extra (``pip install -e '.[plot]'``) that training never
-needs; without it ``--plot`` says so in one line (``require_matplotlib``). Collectors move data to the host
-explicitly, with one ``backend.to_numpy`` per picture (plus one for a prediction shown in a title), so they
-run unchanged on a GPU.
 """
 import contextlib
 import io
@@ -75,9 +66,7 @@ class Picture:
         return math.ceil(len(self.panels) / ncols), ncols
 
 
-# ==========================================================================================================
-# Collectors: model + one example → pictures (host arrays)
-# ==========================================================================================================
+# --- Collectors: model + one example → pictures (host arrays) -------------------------------------
 
 @contextlib.contextmanager
 def _inference(model):
@@ -122,6 +111,16 @@ def after_each_call(module, hook):
         del module.forward            # the class's method again
 
 
+def step_tau(attention, query):
+    """seq2attn's temperature τ_t of one decoding step as a (B,) device array. At inference the attention
+    is an argmax and never computes τ, so it is computed here (``attention.tau`` gives a float ("fixed"),
+    a (1,) ("latent") or a (B, 1) tensor ("conditioned"))."""
+    tau, xp, B = attention.tau(query), backend.array_module(query.data), query.shape[0]
+    if isinstance(tau, Tensor):
+        return xp.broadcast_to(tau.data.reshape(-1), (B,))
+    return xp.full((B,), tau, query.dtype)
+
+
 def _check_tokens(tokens, n, what):
     if len(tokens) != n:
         raise ValueError(f"{len(tokens)} token labels for {n} {what}")
@@ -146,35 +145,31 @@ def _layer_grid(maps, rows, cols, unit, vmin=0.0, vmax=1.0):
             for i, heads in enumerate(maps) for h, m in enumerate(heads)]
 
 
-def _coda_ranges(attn):
-    """Names and colour ranges of CoDA's factors: M = F_X(E) ⊙ gate(N) (attention/coda.py)."""
-    fx, fn = attn.composition.split("-")
-    gate = {"scaled": f"2·{fn}(N)" if fn == "sigmoid" else f"{fn}(N)",
-            "centered": f"{fn}(N − mean N)"}[attn.gate]
-    return [(f"{fx}(E)", (-1, 1) if fx == "tanh" else (0, 1)),
-            (gate, (0, 1) if fn == "sigmoid" else (-1, 1)), ("M", (-1, 1))]
-
-
-def _coda_picture(attn, M, g, rows, cols, title, name):
+def _coda_picture(attn, M, g, tokens, title, name):
     """tanh(E), the gate and M of every head (a row each), then their histograms over all heads, for one
-    call of a CoDAttention. M and g are device arrays (H, T, S): one transfer brings both to the host."""
+    call of a CoDAttention: M = F_X(E) ⊙ gate(N) (attention/coda.py), each in its colour range. M and g are
+    device arrays (H, T, S): one transfer brings both to the host."""
     M, g = backend.to_numpy(backend.array_module(M).stack([M, g]))
     with np.errstate(divide="ignore", invalid="ignore"):
         e = np.where(g != 0, M / g, np.nan)   # F_X(E) = M / gate: exact wherever the gate did not underflow
-    factors = list(zip(_coda_ranges(attn), (e, g, M)))
-    panels = [_map(v[h], f"head {h}: {label}", rows, cols, lo, hi)
+    fx, fn = attn.composition.split("-")
+    gate = {"scaled": f"2·{fn}(N)" if fn == "sigmoid" else f"{fn}(N)",
+            "centered": f"{fn}(N − mean N)"}[attn.gate]
+    factors = [((f"{fx}(E)", (-1, 1) if fx == "tanh" else (0, 1)), e),
+               ((gate, (0, 1) if fn == "sigmoid" else (-1, 1)), g), (("M", (-1, 1)), M)]
+    panels = [_map(v[h], f"head {h}: {label}", tokens, tokens, lo, hi)
               for h in range(M.shape[0]) for (label, (lo, hi)), v in factors]
     panels += [Panel(v, f"{label}, all heads", kind="hist", vmin=lo, vmax=hi, xlabel=label, ylabel="count")
                for (label, (lo, hi)), v in factors]
     return Picture(name, title, panels, ncols=3)
 
 
-def encoder_pictures(model, ids, lengths, tokens, title, name="example", classes=None):
+def encoder_pictures(model, ids, lengths, tokens, title, name, classes):
     """One sequence through a ``Classifier`` (models/encoder.py): for the gated models (NDR and the
     "+ gate" baselines) the mean copy gate of every column at every step (NDR paper Fig. 2: which columns
     update at which step); for every model one picture per head with its attention map at every step
     (Fig. 3: who reads whom). ids (1, T) and lengths (1,) on the model's device; ``tokens`` labels the
-    T positions ([SOS, x…, EOS]); ``classes``, when given, adds the predicted class to the titles."""
+    T positions ([SOS, x…, EOS]); ``classes`` names the predicted class in the titles."""
     _check_tokens(tokens, ids.shape[1], "positions")
     attn, trace, coda_calls = model.encoder.layer.attn, [], []
     coda = isinstance(attn, CoDAttention)
@@ -183,8 +178,7 @@ def encoder_pictures(model, ids, lengths, tokens, title, name="example", classes
         else contextlib.nullcontext()
     with _inference(model), hook:
         logits = model(ids[:1], lengths[:1], trace=trace)
-    if classes is not None:
-        title += f" → predicted {classes[int(backend.to_numpy(logits.data.argmax(-1))[0])]}"
+    title += f" → predicted {classes[int(backend.to_numpy(logits.data.argmax(-1))[0])]}"
     xp = backend.array_module(ids)
     steps = [f"step {k + 1}" for k in range(len(trace))]
     pictures = []
@@ -200,7 +194,7 @@ def encoder_pictures(model, ids, lengths, tokens, title, name="example", classes
         maps = backend.to_numpy(xp.stack([A.data[0, h] for A, _ in trace]))                  # (steps, T, T)
         pictures.append(Picture(f"{name}-attention-{unit}{h:02d}", f"{title}\nattention of {unit} {h}", [
             _map(m, f"step {k + 1}, {unit} {h}", tokens, tokens, lo) for k, m in enumerate(maps)]))
-    pictures += [_coda_picture(attn, M.data[0], g.data[0], tokens, tokens, f"{title}\nCoDA at step {k + 1}",
+    pictures += [_coda_picture(attn, M.data[0], g.data[0], tokens, f"{title}\nCoDA at step {k + 1}",
                                f"{name}-coda-step{k + 1:02d}") for k, (M, g) in enumerate(coda_calls)]
     return pictures
 
@@ -246,18 +240,12 @@ def seq2attn_pictures(model, src, src_lengths, max_len, in_tokens, out_vocab, ti
     """Greedy decoding of one sequence by a ``Seq2Attn`` (models/seq2attn.py): the attention trace (output
     step × input token; one-hot for seq2attn at inference, soft for the baseline), with rows labelled by
     the predicted tokens up to <eos>, and — with Gumbel attention — the temperature τ of every step.
-    src (1, n) ids and src_lengths (1,); ``in_tokens`` labels the n inputs; ``out_vocab`` maps output ids
-    to text."""
+    src (1, n) ids, src_lengths (1,); ``in_tokens`` labels the inputs, ``out_vocab`` the output ids."""
     _check_tokens(in_tokens, src.shape[1], "inputs")
     attention, taus = model.attention, []
     gumbel = attention.activation != "softmax"
-
-    def record_tau(query, *_):
-        # At inference the attention is an argmax and never computes τ, so it is computed here, per step.
-        tau = attention.tau(query)    # a float ("fixed"), (1,) ("latent") or (B, 1) ("conditioned")
-        xp = backend.array_module(query.data)
-        taus.append(tau.data.reshape(-1)[:1] if isinstance(tau, Tensor) else xp.full((1,), tau, query.dtype))
-    with _inference(model), (after_each_call(attention, record_tau) if gumbel else contextlib.nullcontext()):
+    record_tau = after_each_call(attention, lambda query, *_: taus.append(step_tau(attention, query)))
+    with _inference(model), (record_tau if gumbel else contextlib.nullcontext()):
         ids, weights = model.greedy(src[:1], src_lengths[:1], max_len, return_attention=True)
     xp = backend.array_module(src)
     out = [out_vocab[i] for i in backend.to_numpy(ids[0])]
@@ -293,7 +281,7 @@ def seq2seq_pictures(model, src, n_steps, start, tokens, title, name="example", 
         coda = isinstance(encoder[0], CoDAttention)
         pictures.append(Picture(f"{name}-encoder-attention", f"{title}\nencoder self-attention", _layer_grid(
             _stacked(encoder), tokens, tokens, "head", -1 if coda else 0), ncols=model.cfg.n_head))
-        pictures += [_coda_picture(m, m.last_weights.data[0], m.last_gate.data[0], tokens, tokens,
+        pictures += [_coda_picture(m, m.last_weights.data[0], m.last_gate.data[0], tokens,
                                    f"{title}\nCoDA in encoder layer {i + 1}", f"{name}-coda-layer{i + 1}")
                      for i, m in enumerate(encoder) if coda]
     for k, a in enumerate(abstractors):
@@ -320,8 +308,8 @@ def _abstractor_pictures(abstractor, objects, title, name):
         what = "symbols' cross-attention to the objects (ablation)"
     else:
         act = layers[0].rca.activation
-        relations = _stacked([layer.rca for layer in layers])
-        panels = _layer_grid(relations, objects, objects, "head", *_RELATION_RANGE[act])
+        panels = _layer_grid(_stacked([layer.rca for layer in layers]), objects, objects, "head",
+                             *_RELATION_RANGE[act])
         what = f"relation matrices {act}(R)"
     pictures = [Picture(f"{name}-relations", f"{title}: {what}", panels, ncols=n_head)]
     if layers[0].self_attn is not None:
@@ -330,7 +318,7 @@ def _abstractor_pictures(abstractor, objects, title, name):
     return pictures
 
 
-def relational_pictures(model, x, tokens, title, name="example", classes=None):
+def relational_pictures(model, x, tokens, title, name, classes):
     """One sample through a ``RelationalClassifier`` (models/abstractor.py; pairwise order, SET): the
     relation matrices σ_rel(R^r) of every layer and relation r (which pairs of objects it relates, and
     how). x (1, m, d_in) on the model's device; ``tokens`` labels the m objects; ``classes`` names the
@@ -339,19 +327,16 @@ def relational_pictures(model, x, tokens, title, name="example", classes=None):
     rcas = [layer.rca for layer in model.layers]
     with _inference(model), _recording(rcas):
         logits = model(x[:1])
-    if classes is not None:
-        z = logits.data[0]                                                 # (n_out,)
-        pick = (z > 0).astype(np.int64)[0] if z.shape[0] == 1 else z.argmax()
-        title += f" → predicted {classes[int(backend.to_numpy(pick))]}"
+    z = logits.data[0]                                                     # (n_out,)
+    pick = (z > 0).astype(np.int64)[0] if z.shape[0] == 1 else z.argmax()
+    title += f" → predicted {classes[int(backend.to_numpy(pick))]}"
     act = rcas[0].activation
     panels = _layer_grid(_stacked(rcas), tokens, tokens, "relation", *_RELATION_RANGE[act])   # (L, d_r) maps
     return [Picture(f"{name}-relations", f"{title}\nrelation matrices {act}(R)", panels,
                     ncols=rcas[0].n_relations)]
 
 
-# ==========================================================================================================
-# Learning curves: runs' metrics logs → one picture
-# ==========================================================================================================
+# --- Learning curves: runs' metrics logs → one picture --------------------------------------------
 
 NOT_CURVES = ("step", "wall_s")      # logged with every evaluation, but not something the model learned
 
@@ -381,28 +366,11 @@ def learning_curves(runs, title, name="learning-curves"):
     return Picture(name, title, panels, ncols=min(4, len(panels)))
 
 
-# ==========================================================================================================
-# The renderer
-# ==========================================================================================================
-
-def _value_range(values, vmin, vmax):
-    """(low, high) of the colour scale: the given bounds, else the data's; signed data gets a scale
-    symmetric about 0 so that 0 is the neutral colour."""
-    finite = values[np.isfinite(values)]
-    if vmin is not None and vmax is not None:
-        return vmin, vmax
-    if not finite.size:
-        return 0.0, 1.0
-    lo, hi = float(finite.min()), float(finite.max())
-    if lo < 0:
-        m = max(-lo, hi)
-        return -m, m
-    return lo, hi if hi > lo else lo + 1
-
+# --- The renderer ---------------------------------------------------------------------------------
 
 def _quarter(inches):
     """Rounded up to a quarter inch: at 100 DPI a whole number of pixels, exact in binary, so the PNG's size
-    is figure_size's without rounding for matplotlib and us to disagree about."""
+    is figure_inches · DPI without rounding for matplotlib and us to disagree about."""
     return math.ceil(inches * 4) / 4
 
 
@@ -430,26 +398,20 @@ def figure_inches(picture):
     return width, nrows * max(h for _, h in sizes) + 0.25 * (len(_title_lines(picture, width)) + 1)
 
 
-def figure_size(picture):
-    """The PNG's size in pixels (width, height)."""
-    w, h = figure_inches(picture)
-    return round(w * DPI), round(h * DPI)
-
-
 def _draw_heatmap(fig, ax, panel):
-    lo, hi = _value_range(panel.values, panel.vmin, panel.vmax)
+    """The colour scale is the panel's bounds, else the data's; signed data gets a scale symmetric
+    about 0, so that 0 is the neutral colour."""
+    lo, hi = panel.vmin, panel.vmax
+    if lo is None or hi is None:
+        finite = panel.values[np.isfinite(panel.values)]
+        lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+        lo, hi = (-max(-lo, hi), max(-lo, hi)) if lo < 0 else (lo, hi if hi > lo else lo + 1)
     im = ax.imshow(panel.values, cmap="RdBu_r" if lo < 0 else "viridis", vmin=lo, vmax=hi, aspect="auto",
                    interpolation="nearest")
     small = max(panel.values.shape) > 32
     ax.set_xticks(range(len(panel.cols)), panel.cols, rotation=90, fontsize=5 if small else 7)
     ax.set_yticks(range(len(panel.rows)), panel.rows, fontsize=5 if small else 7)
     fig.colorbar(im, ax=ax, fraction=0.05, pad=0.02).set_label(panel.clabel, fontsize=6)
-
-
-def _draw_bars(ax, panel):
-    ax.barh(range(len(panel.values)), panel.values, color="tab:blue")
-    ax.set_yticks(range(len(panel.rows)), panel.rows, fontsize=7)
-    ax.invert_yaxis()                 # the first step on top, as in the heatmap beside it
 
 
 def _draw_curves(ax, panel):
@@ -487,7 +449,9 @@ def save_png(picture, path):
         if panel.kind == "heatmap":
             _draw_heatmap(fig, ax, panel)
         elif panel.kind == "bars":
-            _draw_bars(ax, panel)
+            ax.barh(range(len(panel.values)), panel.values, color="tab:blue")
+            ax.set_yticks(range(len(panel.rows)), panel.rows, fontsize=7)
+            ax.invert_yaxis()      # the first step on top, as in the heatmap beside it
         elif panel.kind == "curves":
             _draw_curves(ax, panel)
         else:                      # a histogram of the finite values, in the panel's range if it has one

@@ -56,7 +56,7 @@ class FirstTokenModel(nn.Module):
 
 
 class FirstToken(recipes.Recipe):
-    """The presets, the model config and the five hooks without a default; everything else is the base class's."""
+    """The presets, the model config and the four hooks without a default, and batches; the rest is the base class's."""
     tasks = ("first-token",)
     models = {"attention": {}}
     PAPER = {("first-token", "attention"): dict(steps=1000, batch_size=8, lr=1e-2, grad_clip=1.0, eval_every=50)}

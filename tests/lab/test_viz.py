@@ -132,7 +132,7 @@ def test_encoder_pictures_show_gates_and_every_head_at_every_step(name, gated, d
 def test_collectors_leave_the_model_as_they_found_it(device):
     model = encoder("transformer-coda", device)
     model.train()
-    viz.encoder_pictures(model, *on(device, [[6, 0, 1, 2, 5]], [5]), TOKENS, "t")
+    viz.encoder_pictures(model, *on(device, [[6, 0, 1, 2, 5]], [5]), TOKENS, "t", "t", ["x", "y", "z"])
     attn = model.encoder.layer.attn
     assert model.training and all(m.training for _, m in model.named_modules())
     assert "forward" not in vars(attn) and not attn.record        # the per-call hook is gone
@@ -230,7 +230,8 @@ def test_relational_pictures_show_every_relation(activation, device):
 
 def test_token_labels_must_match_the_input():
     with pytest.raises(ValueError, match="4 token labels for 5 positions"):
-        viz.encoder_pictures(encoder("ndr", "cpu"), np.array([[6, 0, 1, 2, 5]]), np.array([5]), TOKENS[:4], "t")
+        viz.encoder_pictures(encoder("ndr", "cpu"), np.array([[6, 0, 1, 2, 5]]), np.array([5]), TOKENS[:4], "t",
+                             "t", ["x", "y", "z"])
 
 
 # --- learning curves (viz.learning_curves; report.run_curves and report(…, plot_dir) read run directories) ---
@@ -322,6 +323,12 @@ def png_size(path):
     return struct.unpack(">II", head[16:24])
 
 
+def figure_size(picture):
+    """The PNG's size in pixels (width, height) that viz.figure_inches promises."""
+    w, h = viz.figure_inches(picture)
+    return round(w * viz.DPI), round(h * viz.DPI)
+
+
 def one_of_each_kind():
     """A small picture from every collector (the one with the fewest panels), on the CPU."""
     groups = [encoder_pictures("ndr", "cpu", n_head=1, n_steps=2), encoder_pictures("transformer-coda", "cpu",
@@ -343,17 +350,17 @@ def test_every_kind_of_picture_is_a_png_of_the_expected_size(tmp_path):
     assert paths == [str(tmp_path / "plots" / f"{p.name}.png") for p in pictures]
     for picture, path in zip(pictures, paths):
         assert os.path.getsize(path) > 1000
-        assert png_size(path) == viz.figure_size(picture), picture.name
+        assert png_size(path) == figure_size(picture), picture.name
     assert pyplot_before or "matplotlib.pyplot" not in sys.modules    # headless: no pyplot, no GUI backend
 
 
 def test_figure_size_grows_with_the_grid():
     panel = viz.Panel(np.zeros((2, 3)), "p", rows=["a", "b"], cols=["x", "y", "z"])
     # a panel is 2.5 + 0.25·columns by 1.75 + 0.25·rows inches, plus 0.25 inch per title line and 0.25 more
-    assert viz.figure_size(viz.Picture("n", "t", [panel])) == (325, 275)
-    assert viz.figure_size(viz.Picture("n", "t", [panel] * 3, ncols=2)) == (650, 500)
+    assert figure_size(viz.Picture("n", "t", [panel])) == (325, 275)
+    assert figure_size(viz.Picture("n", "t", [panel] * 3, ncols=2)) == (650, 500)
     wide = viz.Panel(np.zeros((2, 33)), "p", rows=["a", "b"], cols=[str(i) for i in range(33)])
-    assert viz.figure_size(viz.Picture("n", "t", [wide])) == (675, 250)   # 2.5 + 33/8 inches, up to 1/4
+    assert figure_size(viz.Picture("n", "t", [wide])) == (675, 250)   # 2.5 + 33/8 inches, up to 1/4
 
 
 # --- without matplotlib ----------------------------------------------------------------------------------------

@@ -1,15 +1,9 @@
-"""The recipes: how each paper's experiments train, one file per paper, behind the hook interface of
-``base.Recipe`` (its module docstring lists the hooks). ``RECIPES`` is the one table train.py reads:
-a new task of an existing kind is its generator (minattn/data/) plus its name in the recipe's
-``tasks`` and a preset row; a new model of an existing kind is a row in its registry
-(minattn/models/); a new kind of experiment is one new file here plus its row below.
-
-    ndr.py            NDR paper: ctl, ctl-backward, arith, listops with NDR, its baselines and the
-                      attention drop-ins (transformer-compositional, transformer-coda)
-    compositional.py  Compositional Attention: the Contextual Retrieval Task
-    seq2attn.py       seq2attn: lookup tables and SCAN
-    abstractor.py     Abstractor: object sorting, pairwise order, SET
-    coda.py           CoDA: Mathematical Language Understanding
+"""The recipes: how each paper's experiments train, one file per paper (its docstring names the
+tasks and models it trains), behind the hook interface of ``base.Recipe`` (its module docstring
+lists the hooks). ``RECIPES`` is the one table train.py reads: a new task of an existing kind is its
+generator (minattn/data/) plus its name in the recipe's ``tasks`` and a preset row; a new model of
+an existing kind is a row in its registry (minattn/models/); a new kind of experiment is one new
+file here plus its row below.
 """
 from .abstractor import RelationalTasks, Sort
 from .base import PLOT_EXAMPLES, Recipe, RunConfig, Selection, UsageError

@@ -12,36 +12,28 @@ from minattn.engine import eval_mode, no_grad
 from minattn.models import abstractor
 
 from .. import viz
-from .base import EpochSchedule, Recipe, Selection, example_name, fraction, plot_sample, sample_name
+from .base import EpochSchedule, Recipe, Selection, fraction
 
 
 @dataclasses.dataclass
 class SortOptions(EpochSchedule):
-    """The sorting run's options: its training set, its epochs (EpochSchedule) and its stopping
-    rule."""
-    # the selection and stopping metric: "train_loss" (the code behind the
+    """The sorting run's options: training set, epochs (EpochSchedule) and the selection and
+    stopping metric, "train_loss" (the code behind Fig. 4) or "valid_tf" (the released code)."""
     stop_on: str = "train_loss"
-                                   # paper's Fig. 4; see Sort) or "valid_tf" (the released code)
 
 
 @dataclasses.dataclass
 class RelationalOptions(EpochSchedule):
-    """The pairwise and SET runs' options: their training set and epochs (EpochSchedule), SET's
-    cards."""
+    """The pairwise and SET runs' options: training set and epochs (EpochSchedule), SET's cards."""
     cards: str = "onehot"          # SET card vectors: "onehot" (12-d) or "random64" (§6.3)
 
 
 # --- sorting (§6.1): Adam lr 1e-3 (AdamW without decay; ε 1e-8 where Keras has 1e-7), batch 512, no
-# clipping, 500 training sequences sampled from the 70,000 pool with the run's seed. The stopping
-# rule is the one behind the paper's Fig. 4 (see Sort): early stopping on the epoch's training loss
-# with patience 10 epochs, the lowest-loss epoch reported, at most 400 epochs (the authors' README
-# command; their script's default was 200). With 10 seeds, the Abstractor's points in the paper lie
-# inside mean ± 2 s.e. of this rule at 300 and 500 sequences and between the 200- and 400-epoch caps
-# at 200 and 400 (the baselines' at 1,500 and 2,000, 5 seeds: the Transformer's inside the 200-epoch
-# cap's, the Ablation's between the caps); the released code's rule (``stop_on=valid_tf``, patience
-# 50) puts the Abstractor at 0.69 (10 seeds) where the paper has .206 (RESULTS.md, "Sorting with the
-# figure's protocol"). The models' fields are AbstractorConfig's (transformer-seq2seq reads only its
-# EncoderDecoderConfig fields).
+# clipping, 500 training sequences sampled from the 70,000 pool with the run's seed, the stopping
+# rule behind the paper's Fig. 4 (see Sort) for at most 400 epochs (the authors' README command;
+# their script's default was 200): how close each rule comes to the paper's points is in RESULTS.md,
+# "sorting with the figure's protocol". The models' fields are AbstractorConfig's
+# (transformer-seq2seq reads only its EncoderDecoderConfig fields).
 SORT_RUN = dict(batch_size=512, eval_batch_size=2000, lr=1e-3, weight_decay=0.0, grad_clip=0.0, steps=None,
                 eval_every=None, train_size=500, epochs=400, eval_epochs=1, patience=10,
                 stop_on="train_loss")
@@ -50,22 +42,18 @@ SORT_PAPER = {
     ("sort", "abstractor-ablation"): dict(SORT_RUN),
     ("sort", "transformer-seq2seq"): dict(SORT_RUN, n_encoder_layers=4, n_decoder_layers=4),
 }
-# "cpu": the same: evaluating every epoch costs nothing when the training loss selects (the released
-# rule, --set stop_on=valid_tf --set patience=50, is cheaper with --set eval_epochs=10)
-SORT_CPU = {}
 
 # --- pairwise order and SET (§6.2–6.3): Adam lr 1e-3, batch 64, no clipping, every epoch trained
 # (patience 0). Pairwise: 100 epochs over all 2,015 training pairs (sigmoid, asymmetric, no W_q/W_k
 # bias, head Dense(32, ReLU) → 1 logit); SET: 200 epochs over 2,000 training triples (linear,
-# symmetric with bias, d_ff 128, head → 2 logits). Both presets are the paper's: a run takes
-# minutes.
+# symmetric with bias, d_ff 128, head → 2 logits). "cpu" is the paper's: a run takes minutes.
 RELATIONAL_RUN = dict(batch_size=64, eval_batch_size=2048, lr=1e-3, weight_decay=0.0, grad_clip=0.0,
                       steps=None, eval_every=None, eval_epochs=1, patience=0)
 RELATIONAL_PAPER = {
     ("pairwise", "abstractor-simplified"): dict(RELATIONAL_RUN, train_size=2015, epochs=100),
     ("set", "abstractor-simplified"): dict(RELATIONAL_RUN, train_size=2000, epochs=200,
-                                           activation="linear",
-                                           symmetric=True, rel_bias=True, d_ff=128, head_hidden=0),
+                                           activation="linear", symmetric=True, rel_bias=True,
+                                           d_ff=128, head_hidden=0),
 }
 
 
@@ -86,19 +74,19 @@ class ObjectRecipe(Recipe):
     def _objects(self, split):
         return self.to_device([self.task.objects[split.index]])[0]
 
-    def _plot_samples(self, texts):
-        """(name, object indices) of the test samples --plot shows, or of --example texts of
-        indices."""
-        split, examples = self.task.splits["test"], []
-        n, m = len(self.task.objects), split.index.shape[1]
-        for text in texts:
+    def _plot_inputs(self, texts):
+        """(file name, object indices, the objects on the device) of the test samples --plot
+        shows, or of --example texts of indices."""
+        n, m = len(self.task.objects), self.task.splits["test"].index.shape[1]
+
+        def parse(text):
             index = np.array([int(t) for t in text.split() if t.isdigit()])
             if len(text.split()) != m or len(set(index.tolist())) != m or not (index < n).all():
                 raise ValueError(f"--example {text!r}: give {m} distinct object indices in "
                                  f"0..{n - 1}")
-            examples.append((example_name(text), index))
-        return examples or [(sample_name("test", i, split), split.index[i])
-                            for i in plot_sample(len(split))]
+            return index
+        inputs = self.plot_inputs(texts, parse, lambda split, i: (split.index[i], None))
+        return [(name, i, self.to_device([self.task.objects[i][None]])[0]) for name, i, _ in inputs]
 
 
 class Sort(ObjectRecipe):
@@ -114,14 +102,13 @@ class Sort(ObjectRecipe):
       patience=10, restore_best_weights=True)``): select and stop on the epoch's mean training loss.
       Nothing else is evaluated during training, so evaluating every epoch costs nothing;
       metrics.jsonl has the training loss and teacher-forcing accuracy. (At the epoch cap Keras
-      keeps the last epoch's weights where this keeps the lowest-loss epoch's; at the cap the two
-      were at most 4 epochs apart in our runs.)
+      keeps the last epoch's weights, this the lowest-loss epoch's.)
     - ``valid_tf``: the released code's rule (Awni00/abstractor): the validation teacher-forcing
       accuracy, with ``valid_tf`` and ``train`` (greedy full-sequence accuracy on the training set)
-      at every evaluation."""
+      at every evaluation (--set stop_on=valid_tf --set patience=50; cheaper: eval_epochs=10)."""
     tasks = ("sort",)
     models = abstractor.SEQ2SEQ_MODELS
-    PAPER, CPU = SORT_PAPER, SORT_CPU
+    PAPER = SORT_PAPER    # "cpu" is the same: evaluating every epoch is free when the loss selects
     ModelConfig, Options = abstractor.AbstractorConfig, SortOptions
     GREEDY = ("valid", "test", "test_elem")
     SELECTION = {"valid_tf": Selection(metric="valid_tf", once=GREEDY),
@@ -151,46 +138,37 @@ class Sort(ObjectRecipe):
         logits = model(x, tgt_in)
         return F.cross_entropy(logits, y), {"tf_acc": (logits.data.argmax(-1) == y).sum()}, y.size
 
-    def _count(self, model, split, greedy):
-        """(correct sequences, correct tokens) under greedy decoding or teacher forcing, as device
-        scalars."""
+    def _accuracy(self, model, split, greedy):
+        """(full-sequence, element-wise accuracy), decoded greedily or under teacher forcing."""
         seqs = tokens = 0
-        for chunk in split.chunks(self.cfg.eval_batch_size):
-            x, tgt_in, y = self._arrays(chunk)
-            pred = (model.greedy(x, y.shape[1], SortTask.START)[0] if greedy else
-                    model(x, tgt_in).data.argmax(-1))
-            seqs, tokens = seqs + (pred == y).all(axis=1).sum(), tokens + (pred == y).sum()
-        return seqs, tokens
+        with no_grad(), eval_mode():
+            for chunk in split.chunks(self.cfg.eval_batch_size):
+                x, tgt_in, y = self._arrays(chunk)
+                pred = (model.greedy(x, y.shape[1], SortTask.START)[0] if greedy else
+                        model(x, tgt_in).data.argmax(-1))
+                seqs, tokens = seqs + (pred == y).all(axis=1).sum(), tokens + (pred == y).sum()
+        return fraction(seqs, len(split)), fraction(tokens, split.labels.size)
 
     def evaluate(self, model):
         if self.selection.metric == "train_loss":   # the loop logs the training loss itself
             return {}
-        valid = self.task.splits["valid"]
-        with no_grad(), eval_mode():
-            return {"valid_tf": fraction(self._count(model, valid, False)[1], valid.labels.size),
-                    "train": fraction(self._count(model, self.train_set, True)[0],
-                                      len(self.train_set))}
+        return {"valid_tf": self._accuracy(model, self.task.splits["valid"], False)[1],
+                "train": self._accuracy(model, self.train_set, True)[0]}
 
     def evaluate_selected(self, model):
-        valid, test = self.task.splits["valid"], self.task.splits["test"]
-        with no_grad(), eval_mode():
-            seqs, tokens = self._count(model, test, True)
-            return {"valid": fraction(self._count(model, valid, True)[0], len(valid)),
-                    "test": fraction(seqs, len(test)),
-                    "test_elem": fraction(tokens, test.labels.size)}
+        test, test_elem = self._accuracy(model, self.task.splits["test"], True)
+        return {"valid": self._accuracy(model, self.task.splits["valid"], True)[0], "test": test,
+                "test_elem": test_elem}
 
     def plot_examples(self, model, texts):
         """Encoder attention, the Abstractor's relation matrices and its symbols' attention, on test
-        sequences or --example object indices ("17 3 40 29 5 11 46 0 33 21": 10 of the 48
-        objects)."""
+        sequences or --example object indices (10 of the 48: "17 3 40 29 5 11 46 0 33 21")."""
         pictures = []
-        for name, index in self._plot_samples(texts):
-            title = (f"sort / {self.cfg.model}: objects {' '.join(map(str, index))} "
-                     f"(target {' '.join(map(str, np.argsort(index)))})")
-            x = self.to_device([self.task.objects[index][None]])[0]
+        for name, index, x in self._plot_inputs(texts):
+            title = self.plot_title(f"objects {' '.join(map(str, index))}",
+                                    " ".join(map(str, np.argsort(index))))
             pictures += viz.seq2seq_pictures(model, x, len(index), SortTask.START,
-                                             [f"o{i}" for i in index],
-                                             title, name)
+                                             [f"o{i}" for i in index], title, name)
         return pictures
 
 
@@ -232,12 +210,10 @@ class RelationalTasks(ObjectRecipe):
 
     def build_model(self):
         return abstractor.RelationalClassifier(self.task.objects.shape[1],
-                                               self.train_set.index.shape[1],
-                                               self.row["n_out"], self.cfg.model_config,
-                                               seed=self.cfg.seed)
+                                               self.train_set.index.shape[1], self.row["n_out"],
+                                               self.cfg.model_config, seed=self.cfg.seed)
 
     def loss(self, model, batch):
-        """(mean loss, {"acc": correct}, n) for a split or batch."""
         logits, y = model(self._objects(batch)), self.to_device([batch.labels])[0]
         if self.row["n_out"] == 1:
             z, t = logits[:, 0], y.astype(logits.dtype)
@@ -263,9 +239,9 @@ class RelationalTasks(ObjectRecipe):
         """The relation matrices of every layer and relation, on test samples or --example object
         indices (pairwise: "5 41", two of the 64 objects; set: "0 40 80", three of the 81 cards)."""
         pictures, classes = [], self.row["classes"]
-        for name, index in self._plot_samples(texts):
+        for name, index, x in self._plot_inputs(texts):
             tokens, target = self.row["tokens"](self.task, index)
-            title = f"{self.cfg.task} / {self.cfg.model}: {' '.join(tokens)} (target {classes[target]})"
-            x = self.to_device([self.task.objects[index][None]])[0]
-            pictures += viz.relational_pictures(model, x, tokens, title, name, classes)
+            pictures += viz.relational_pictures(model, x, tokens,
+                                                self.plot_title(" ".join(tokens), classes[target]),
+                                                name, classes)
         return pictures

@@ -3,30 +3,26 @@
 A recipe is one paper's way to train: its presets, how it builds its model, draws batches, computes
 the loss, evaluates and selects, and draws pictures. train.py runs the same loop for all of them;
 ``minattn/lab/recipes/__init__.py`` lists them in one table (``RECIPES``). A recipe is a subclass of
-``Recipe`` with these tables and hooks:
+``Recipe`` with its tables (the class attributes of ``Recipe``: names, presets, config classes, the
+selection rule) and these hooks:
 
-    tasks, models                  the --task and --model names it trains (models: a registry of named rows)
-    PAPER, CPU                     its presets: the paper's row per (task, model), and the "cpu" preset's
-                                   overrides with their reasons (``preset_row`` reads them, with SAME_ROWS
-                                   and ROW_OF_ANY_MODEL; ``derive`` computes what a row counts, if anything)
-    ModelConfig, Options           the model's config class (``model_config_class`` when it differs per
-                                   model) and the task options' class, or None
-    selection                      the model-selection rule (a ``Selection``; a property when per task)
-    load_task()                    generate (or load) the data; keep it on self
-    build_model()                  the network (a minattn.nn.Module)
-    batches(rng)                   an endless generator of host-side training batches, a pure function of rng
-    loss(model, batch)             (loss Tensor, {name: device scalar summed over the batch}, batch size)
-    evaluate(model)                {metric: number} under no_grad()/eval_mode(): the metrics results.json
-                                   reports
-    evaluate_selected(model)       the metrics of ``selection.once``: computed once, at the end, with the
-                                   selected parameters
-    log_extra(model)               extra numbers for the metrics log that are not metrics (e.g. a mean gate)
-    analyze(model)                 text about a trained model (train.py --analyze)
-    plot_examples(model, texts)    viz pictures of a trained model (train.py --plot)
+    load_task()             generate (or load) the data; keep it on self (``task``: its splits)
+    build_model()           the network (a minattn.nn.Module)
+    batches(rng)            endless host-side training batches, a pure function of rng (for
+                            --resume); default: the train split's, by ``batching``
+    loss(model, batch)      (loss Tensor, {name: device scalar summed over the batch}, batch size)
+    evaluate(model)         {metric: number} under no_grad()/eval_mode(): what results.json reports
+    evaluate_selected(m)    the metrics of ``selection.once``, computed once at the end with the
+                            selected parameters (checkpointed): for metrics too slow for every
+                            evaluation
+    log_extra(model)        numbers for the metrics log that are not metrics (e.g. a mean gate)
+    analyze(model)          text about a trained model (train.py --analyze)
+    plot_examples(m, texts) viz pictures (train.py --plot) of a fixed sample of test examples or of
+                            the inputs ``texts`` (--example TEXT; ``plot_inputs``)
 
-Only the first five hooks have no default. A hook may raise ValueError for a bad user value (an
-unknown --set choice, a train size larger than the pool): train.py turns it into a one-line
-UsageError.
+Only load_task, build_model, loss and evaluate have no default. A hook may raise ValueError for a
+bad user value (an unknown --set choice, a train size larger than the pool): train.py turns it into
+a one-line UsageError.
 
 A run's configuration (``RunConfig``) has three parts that do one thing each: the run's schedule and
 optimizer (RunConfig's own fields), the task options (``options``, the recipe's ``Options``: the
@@ -53,21 +49,17 @@ class RunConfig:
     preset: str = "cpu"
     device: str = "cpu"
     seed: int = 0
-    # optimizer steps (None: counted in epochs, see ``EpochSchedule``)
-    steps: int = 3000
+    steps: int = 3000              # optimizer steps (None: counted in epochs, ``EpochSchedule``)
     batch_size: int = 128
     lr: float = 3e-4               # AdamW's rate (constant unless the options have a warm-up)
     weight_decay: float = 0.01     # AdamW, on all parameters (docs/ndr.md §6)
     grad_clip: float = 5.0         # global L2 norm (0: no clipping)
-    # "bucketed" (length-sorted batches), "random" (with replacement),
+    # "bucketed" (length-sorted batches), "random" (with replacement), "balanced" / "stratified"
+    # (depths uniform per batch / per sample) or, for seq2seq tasks, "shuffled" (anew each epoch)
     batching: str = "bucketed"
-                                   # "balanced" / "stratified" (depths drawn uniformly per batch /
-                                   # per sample) or, for seq2seq tasks, "shuffled" (a new
-                                   # permutation each epoch)
     eval_every: int = 500          # (None: counted in epochs, see ``EpochSchedule``)
     eval_batch_size: int = 1024
-    # the model's dataclass (e.g. EncoderConfig): the model and nothing else
-    model_config: object = None
+    model_config: object = None    # the model's dataclass (e.g. EncoderConfig)
     options: object = None         # the recipe's task options (its ``Options``), or None
 
 
@@ -76,8 +68,8 @@ class EpochSchedule:
     """Task options of a recipe that trains in Keras-style epochs over a training set of
     ``train_size`` samples: unless --steps / --eval-every are given, the step budget is ``epochs``
     epochs and an evaluation comes every ``eval_epochs`` epochs (``schedule`` resolves both before
-    the recipe is built); training stops after ``patience`` epochs without a better selection metric
-    (0: never)."""
+    the recipe is built); training stops after ``patience`` epochs (0: never) without a better
+    selection metric."""
     train_size: int = 0
     epochs: int = 0
     eval_epochs: int = 1
@@ -123,8 +115,7 @@ class WarmupSchedule:
 class WarmupAdamW(optim.AdamW):
     """AdamW (β 0.9/0.98, ε 1e-9; docs/coda.md §6) whose rate rises linearly to ``lr`` over
     ``warmup`` steps, then decays as lr·√(warmup/t) (Vaswani et al. 2017, §5.3, with the peak given
-    directly). The rate is a function of the step count alone, so --resume continues the schedule
-    exactly."""
+    directly). The rate is a function of the step count alone: --resume continues it exactly."""
 
     def __init__(self, params, lr, warmup, weight_decay=0.0):
         super().__init__(params, lr, betas=(0.9, 0.98), eps=1e-9, weight_decay=weight_decay)
@@ -137,9 +128,7 @@ class WarmupAdamW(optim.AdamW):
 
 
 def optimizer(cfg, params):
-    """AdamW at the run's rate and weight decay: constant, or with the options' warm-up
-    (``WarmupSchedule``).
-    """
+    """AdamW at the run's rate and weight decay, constant or warmed up (``WarmupSchedule``)."""
     if isinstance(cfg.options, WarmupSchedule):
         return WarmupAdamW(params, cfg.lr, cfg.options.warmup, cfg.weight_decay)
     return optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -162,8 +151,7 @@ def preset_row(recipe, task, model, preset):
     """The preset of (task, model) as one dict of fields by name: the paper's row of
     ``recipe.PAPER`` (a task may share another's rows, ``SAME_ROWS``; a model without a row of its
     own takes ``ROW_OF_ANY_MODEL``'s), and for "cpu" the overrides of ``recipe.CPU`` in this order:
-    "*" (every run), the task, the model, (task, model). A missing row is a UsageError that names
-    the rows there are."""
+    "*" (every run), the task, the model, (task, model). A missing row: a UsageError naming rows."""
     task = recipe.SAME_ROWS.get(task, task)
     paper, fallback = recipe.PAPER, recipe.ROW_OF_ANY_MODEL
     row = paper.get((task, model), paper.get((task, fallback)))
@@ -193,16 +181,14 @@ def field_types(recipe, model):
 
 class Recipe:
     """The interface train() relies on (see the module docstring)."""
-    tasks = ()                       # task names this recipe trains
-    models = {}                      # model name → its registry row (models/*.py)
-    PAPER, CPU = {}, {}              # presets (``preset_row``)
+    tasks = ()                       # the --task names this recipe trains
+    models = {}                      # --model name → its registry row (models/*.py)
+    PAPER, CPU = {}, {}              # presets: the paper's row per (task, model), "cpu"'s overrides
     SAME_ROWS = {}                   # task → the task whose preset rows it uses
-    # the model whose rows a model without its own uses (None: none)
-    ROW_OF_ANY_MODEL = None
-    ModelConfig = None               # the model config class (``model_config_class``)
+    ROW_OF_ANY_MODEL = None          # the model whose rows a model without its own uses
+    ModelConfig = None               # the model config class (per model: ``model_config_class``)
     Options = None                   # the task options class, or None
-    # the model-selection rule (a property where it depends on the run)
-    selection = Selection()
+    selection = Selection()          # the model-selection rule (a property when per run)
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -215,8 +201,7 @@ class Recipe:
 
     @classmethod
     def derive(cls, row, task, model):
-        """Fields a preset computes from its other fields (e.g. SCAN's steps from its split);
-        default none."""
+        """Fields a preset computes from the others (SCAN's steps from its split): none here."""
         return row
 
     @classmethod
@@ -253,44 +238,47 @@ class Recipe:
         raise NotImplementedError
 
     def batches(self, rng):
-        """Endless host-side training batches; a pure function of ``rng`` (so --resume can replay
-        it)."""
-        raise NotImplementedError
+        return self.task.splits["train"].batches(self.cfg.batch_size, rng, self.cfg.batching)
 
     def loss(self, model, batch):
-        """(loss Tensor, {name: device scalar summed over the batch}, number of samples)."""
         raise NotImplementedError
 
     def evaluate(self, model):
-        """{metric: number} under no_grad/eval_mode."""
         raise NotImplementedError
 
     def evaluate_selected(self, model):
-        """{metric: number} for the ``once`` metrics of the selection rule, computed once after
-        training with the parameters of the selected evaluation (train() keeps a copy of them,
-        checkpointed): for metrics too slow to compute at every evaluation, such as greedy decoding
-        of a large test set."""
         return {}
 
     def log_extra(self, model):
-        """Numbers for the metrics log that are not metrics (e.g. the mean gate)."""
         return {}
 
     def analyze(self, model):
-        """Text describing what a trained model does (``train.py --analyze``)."""
         raise UsageError(f"no analysis for task {self.cfg.task}")
 
     def plot_examples(self, model, texts):
-        """``viz`` pictures of the model on a fixed sample of test examples, or on the inputs
-        ``texts`` (``train.py --plot --example TEXT``)."""
         raise UsageError(f"no pictures for task {self.cfg.task}")
+
+    def plot_inputs(self, texts, parse, sample, split_name="test"):
+        """(file name, input, target or None) of each --example text (``parse``: text → input) or,
+        without texts, of PLOT_EXAMPLES samples of the split drawn with a fixed seed, the same for
+        every run of a task (``sample(split, i)``: the i-th sample's (input, target))."""
+        if texts:
+            return [(example_name(text), parse(text), None) for text in texts]
+        split = self.task.splits[split_name]
+        n = len(split)
+        chosen = np.sort(np.random.default_rng(0).choice(n, min(PLOT_EXAMPLES, n), replace=False))
+        return [(sample_name(split_name, i, split), *sample(split, i)) for i in chosen]
+
+    def plot_title(self, text, target=None):
+        target = f" (target {target})" if target else ""
+        return f"{self.cfg.task} / {self.cfg.model}: {text}{target}"
 
     def to_device(self, arrays):
         """Host arrays → the run's device."""
         return [backend.to_device(a, self.cfg.device) for a in arrays]
 
 
-# --- shared bodies: counting correct predictions, --example parsing, --plot's sample --------------
+# --- shared bodies: counting correct predictions, --example parsing, --plot's file names ---------
 
 def fraction(count, n):
     """A device count over n, as a rounded host number (one sync per metric)."""
@@ -311,12 +299,7 @@ def parse_tokens(text, vocab, split=str.split):
     return np.array([index[t] for t in tokens])
 
 
-# test examples --plot shows, drawn with a fixed seed: the same ones for every run of a task
-PLOT_EXAMPLES = 3
-
-
-def plot_sample(n):
-    return np.sort(np.random.default_rng(0).choice(n, min(PLOT_EXAMPLES, n), replace=False))
+PLOT_EXAMPLES = 3   # test examples --plot shows (``Recipe.plot_inputs``)
 
 
 def sample_name(split_name, i, split):

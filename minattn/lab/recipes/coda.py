@@ -13,15 +13,12 @@ from minattn.engine import eval_mode, no_grad
 from minattn.models import seq2seq
 
 from .. import viz
-from .base import (Recipe, Selection, WarmupSchedule, example_name, fraction, parse_tokens,
-                   plot_sample,
-                   sample_name)
+from .base import Recipe, Selection, WarmupSchedule, fraction, parse_tokens
 
 
 @dataclasses.dataclass
 class MLUOptions(WarmupSchedule):
-    """The MLU run's options: its data, its warm-up (WarmupSchedule) and the training pairs it
-    evaluates."""
+    """The MLU run's options: its data, warm-up (WarmupSchedule) and training pairs evaluated."""
     # distinct training pairs (--train-size); valid 2,000 and test 5,000 stay fixed
     train_size: int = 200_000
     eval_train: int = 2000         # training pairs whose greedy accuracy is reported as "train"
@@ -33,10 +30,8 @@ class MLUOptions(WarmupSchedule):
 # without decay, peak lr 1e-3 after 4,000 warm-up steps, batch 512, no clipping, 100,000 steps on
 # 10.8M pairs (the paper's 12M split 9:1; generating them takes ~1 min and ~9 GB of host memory),
 # evaluated every 5,000 steps; the held-out sets stay the fixed 2,000 + 5,000 pairs. Both models
-# train the same run. CoDA: β = 1/√d_k (N = G/d_k, §3). In a 300-step smoke run (seed 0) at β = 1,
-# exactly paper Eq. 10 (``--set coda_beta=1``), the mean gate started at 0.013 and passed 0.05 only
-# after ~200 steps, with 0% validation sequence accuracy at step 200; at 1/√d_k it stayed near 0.55,
-# with 16% (both 17% at step 300).
+# train the same run. CoDA: β = 1/√d_k (N = G/d_k, §3), where paper Eq. 10's β = 1 (``--set
+# coda_beta=1``) starts the gate almost closed (RESULTS.md has both).
 PAPER = {
     ("mlu", "transformer-seq2seq"): dict(
         d_model=128, n_head=4, d_head=32, d_ff=512, n_encoder_layers=2, n_decoder_layers=2, dropout=0.1,
@@ -54,16 +49,14 @@ class CoDA(Recipe):
     everywhere (``transformer-seq2seq-coda``; §6): cross-entropy under teacher forcing, <pad>
     ignored. The metric is sequence accuracy under greedy decoding: every character and the <eos>
     must be right (§5), on ``train`` (its first ``eval_train`` pairs), ``valid`` (model selection)
-    and ``test`` (reported at the selected evaluation). ``gate_mean``: CoDA's mean gate on 256
-    validation pairs."""
+    and ``test`` (reported at the selected evaluation); ``gate_mean``: CoDA's on 256 valid pairs."""
     tasks = ("mlu",)
     models = seq2seq.MODELS
     PAPER, CPU = PAPER, CPU
     ROW_OF_ANY_MODEL = "transformer-seq2seq"
     ModelConfig, Options = seq2seq.CoDAEncoderDecoderConfig, MLUOptions
     selection = Selection(metric="valid")
-    # <pad> in MLUTask.out_vocab: ignored by the loss and the accuracies
-    PAD = 0
+    PAD = 0      # <pad> in MLUTask.out_vocab: ignored by the loss and the accuracies
 
     def load_task(self):
         self.task = MLUTask(n_train=self.cfg.options.train_size)
@@ -75,12 +68,8 @@ class CoDA(Recipe):
         return build(n_out, n_out, self.cfg.model_config, n_src_tokens=len(self.task.in_vocab),
                      seed=self.cfg.seed)
 
-    def batches(self, rng):
-        return self.task.splits["train"].batches(self.cfg.batch_size, rng, self.cfg.batching)
-
     def _arrays(self, batch):
-        """Device arrays: source ids, source mask, decoder input [<sos>, y_1..y_{T−1}] and
-        targets."""
+        """Device arrays: source ids and mask, decoder input [<sos>, y_1..y_{T−1}], targets."""
         src, src_lengths, tgt, _ = batch
         tgt_in = np.concatenate([np.full((len(tgt), 1), self.task.sos, tgt.dtype), tgt[:, :-1]], axis=1)
         src_mask = np.arange(src.shape[1]) < src_lengths[:, None]
@@ -133,18 +122,13 @@ class CoDA(Recipe):
     def plot_examples(self, model, texts):
         """Encoder attention and, for CoDA, tanh(E), the gate and M of every layer and head with
         their histograms, on test pairs or --example inputs ("x=85,y=-523,x*y")."""
-        task, split = self.task, self.task.splits["test"]
-        examples = [(example_name(text), parse_tokens(text, task.in_vocab, list), None)
-                    for text in texts]
-        examples = examples or [(sample_name("test", i, split), split.inputs[i],
-                                 split.lines[i].split(":")[1])
-                                for i in plot_sample(len(split))]
+        task, pictures = self.task, []
         longest = max(int(s.targets.lengths.max()) for s in task.splits.values())
-        pictures = []
-        for name, src, target in examples:
+        inputs = self.plot_inputs(texts, lambda text: parse_tokens(text, task.in_vocab, list),
+                                  lambda split, i: (split.inputs[i], split.lines[i].split(":")[1]))
+        for name, src, target in inputs:
             tokens = [task.in_vocab[i] for i in src]
-            title = f"mlu / {self.cfg.model}: {''.join(tokens)}" + (f" (target {target})" if target else "")
+            title = self.plot_title("".join(tokens), target)
             pictures += viz.seq2seq_pictures(model, self.to_device([src[None]])[0], longest,
-                                             task.sos, tokens,
-                                             title, name, task.out_vocab)
+                                             task.sos, tokens, title, name, task.out_vocab)
         return pictures

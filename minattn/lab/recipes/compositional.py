@@ -17,8 +17,7 @@ from .base import Recipe, Selection, fraction
 
 @dataclasses.dataclass
 class RetrievalOptions:
-    """The task's options (the model's searches and retrievals are the task's S_gt and R_gt:
-    CRTConfig)."""
+    """The task's options (its S_gt and R_gt are the model's searches and retrievals)."""
     n_objects: int = 10            # N objects per sample (the code's seq_len)
     ood: bool = False              # train on the train combinations of retrieval choices only (§8)
     eval_batches: int = 100        # an evaluation: mean L1 over this many fresh batches (§9)
@@ -28,11 +27,9 @@ class RetrievalOptions:
 # 1e-4, batch 256, no clipping, an evaluation every 5,000 of 100,000 steps.
 PAPER = {
     ("retrieval", "mha"): dict(steps=100_000, batch_size=256, eval_every=5000, lr=1e-4,
-                               weight_decay=0.0,
-                               grad_clip=0.0),
+                               weight_decay=0.0, grad_clip=0.0),
 }
-# "cpu": 30,000 steps, an evaluation every 2,500 (RESULTS.md, "The step times behind the cpu
-# presets")
+# "cpu": 30,000 steps, an evaluation every 2,500 (RESULTS.md has the step times behind them)
 CPU = {"*": dict(steps=30_000, eval_every=2500)}
 
 
@@ -66,8 +63,7 @@ class Compositional(Recipe):
         return F.abs(model(x) - y).mean(), {}, len(y)
 
     def evaluate(self, model):
-        """Mean L1 over ``eval_batches`` fresh batches per pool: the same batches at every
-        evaluation."""
+        """Mean L1 over ``eval_batches`` fresh batches per pool, the same at every evaluation."""
         result, n = {}, self.cfg.options.eval_batches
         with no_grad(), eval_mode():
             for i, (name, pool) in enumerate([("iid_l1", self.train_pool), ("ood_l1", "test")]):
@@ -79,10 +75,8 @@ class Compositional(Recipe):
         return result
 
     def analyze(self, model):
-        """Paper Fig. 5: mean value score of each model (search, retrieval) per ground-truth
-        choice."""
-        # In OOD mode also on the held-out combinations: there the choices show whether they
-        # compose.
+        """Paper Fig. 5: mean value score of each model (search, retrieval) per true choice."""
+        # In OOD mode also on the held-out combinations: do the choices compose?
         pools = [self.train_pool] + (["test"] if self.train_pool == "train" else [])
         out = []
         for pool in pools:
@@ -100,8 +94,7 @@ class Compositional(Recipe):
 
     def plot_examples(self, model, texts):
         """Paper Figs. 4–5: search maps, and value scores per search and per ground-truth retrieval,
-        on the fresh samples --analyze uses (inputs are random vectors: there is no text to
-        give)."""
+        on the fresh samples --analyze uses (the inputs are random vectors: no --example)."""
         if texts:
             raise ValueError("retrieval inputs are random vectors: --example is not available for "
                              "this task")

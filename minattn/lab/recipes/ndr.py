@@ -12,9 +12,9 @@ from minattn.engine import eval_mode, no_grad
 from minattn.models.encoder import ARCHITECTURES, Classifier
 
 from .. import viz
-from .base import Recipe, Selection, example_name, fraction, parse_tokens, plot_sample, sample_name
+from .base import Recipe, Selection, fraction, parse_tokens
 
-# --- "paper": the official sweeps (§8), which the paper's Tables 4–6 repeat -------------------------
+# --- "paper": the official sweeps (§8), which the paper's Tables 4–6 repeat ---------------------
 # One row per (task, model), the model's fields (EncoderConfig) and the run's. Embeddings (§5):
 # N(0, 1) for NDR, the gated baselines and the plain "Transformer"; §5 lists Kaiming for the
 # CTL/arithmetic "Transformer", but the official code builds that (universal) variant without
@@ -24,94 +24,43 @@ from .base import Recipe, Selection, example_name, fraction, parse_tokens, plot_
 # outside ListOps. Readout (§1): SOS on ListOps and for the arithmetic "Transformer" and "+ rel",
 # EOS everywhere else. "+ abs/rel + gate" is "+ rel + gate" plus the abs gate: where the paper has
 # only one of them, both share its row. A model without a row of its own (an attention drop-in such
-# as transformer-coda) trains exactly the Transformer's run.
+# as transformer-coda) trains exactly the Transformer's run. Below: the Transformer's row of each
+# task and the "+ gate" baselines' row; the other rows differ from them only where written.
+CTL = dict(d_model=128, d_ff=256, n_head=4, n_steps=11, embedding_init="normal", readout="eos",
+           dropout=0.1, attention_dropout=0.0, gate_dropout=0.0, steps=30_000, batch_size=512,
+           eval_every=1000, lr=1.5e-4, weight_decay=0.0025, grad_clip=5.0, batching="random")
+CTL_GATE = dict(CTL, d_model=256, d_ff=1024, n_head=1, n_steps=14, dropout=0.5,
+                attention_dropout=0.1, lr=2e-4, weight_decay=0.01)
+ARITH = dict(CTL, readout="sos", dropout=0.5, attention_dropout=0.1, steps=200_000, grad_clip=1.0,
+             batching="bucketed")
+ARITH_GATE = dict(ARITH, d_model=256, d_ff=1024, n_steps=15, readout="eos", gate_dropout=0.1,
+                  steps=100_000, weight_decay=0.01)
+LISTOPS = dict(ARITH, d_model=256, d_ff=1024, n_head=16, n_steps=6, dropout=0.015,
+               attention_dropout=0.05, lr=4e-4, weight_decay=0.05)
+LISTOPS_GATE = dict(LISTOPS, d_model=512, d_ff=2048, n_steps=20, dropout=0.1, attention_dropout=0.1,
+                    gate_dropout=0.05, steps=100_000, lr=2e-4, weight_decay=0.09)
 PAPER = {
-    ("ctl", "transformer"): dict(
-        d_model=128, d_ff=256, n_head=4, n_steps=11, embedding_init="normal", readout="eos",
-        dropout=0.1, attention_dropout=0.0, gate_dropout=0.0, steps=30_000, batch_size=512, eval_every=1000,
-        lr=1.5e-4, weight_decay=0.0025, grad_clip=5.0, batching="random"),
-    ("ctl", "transformer-rel"): dict(
-        d_model=128, d_ff=256, n_head=4, n_steps=11, embedding_init="kaiming", readout="eos",
-        dropout=0.1, attention_dropout=0.0, gate_dropout=0.0, steps=30_000, batch_size=512, eval_every=1000,
-        lr=1.5e-4, weight_decay=0.0025, grad_clip=5.0, batching="random"),
-    ("ctl", "transformer-rel-gate"): dict(
-        d_model=256, d_ff=1024, n_head=1, n_steps=14, embedding_init="normal", readout="eos",
-        dropout=0.5, attention_dropout=0.1, gate_dropout=0.0, steps=30_000, batch_size=512, eval_every=1000,
-        lr=2e-4, weight_decay=0.01, grad_clip=5.0, batching="random"),
-    ("ctl", "transformer-absrel-gate"): dict(
-        d_model=256, d_ff=1024, n_head=1, n_steps=14, embedding_init="normal", readout="eos",
-        dropout=0.5, attention_dropout=0.1, gate_dropout=0.0, steps=30_000, batch_size=512, eval_every=1000,
-        lr=2e-4, weight_decay=0.01, grad_clip=5.0, batching="random"),
-    ("ctl", "transformer-geom"): dict(
-        d_model=128, d_ff=256, n_head=4, n_steps=11, embedding_init="kaiming", readout="eos",
-        dropout=0.1, attention_dropout=0.0, gate_dropout=0.0, steps=30_000, batch_size=512, eval_every=1000,
-        lr=1.5e-4, weight_decay=0.0025, grad_clip=5.0, batching="random"),
-    ("ctl", "ndr"): dict(
-        d_model=256, d_ff=512, n_head=1, n_steps=14, embedding_init="normal", readout="eos",
-        dropout=0.5, attention_dropout=0.1, gate_dropout=0.1, steps=30_000, batch_size=512, eval_every=1000,
-        lr=1.5e-4, weight_decay=0.01, grad_clip=5.0, batching="bucketed"),
-    ("ctl", "transformer-compositional"): dict(
-        d_model=128, d_ff=256, n_head=4, n_steps=11, embedding_init="normal", readout="eos",
-        dropout=0.1, attention_dropout=0.0, gate_dropout=0.0, steps=30_000, batch_size=512, eval_every=1000,
-        lr=1.5e-4, weight_decay=0.0025, grad_clip=5.0, batching="random"),
-    # arithmetic
-    ("arith", "transformer"): dict(
-        d_model=128, d_ff=256, n_head=4, n_steps=11, embedding_init="normal", readout="sos",
-        dropout=0.5, attention_dropout=0.1, gate_dropout=0.0, steps=200_000, batch_size=512, eval_every=1000,
-        lr=1.5e-4, weight_decay=0.0025, grad_clip=1.0, batching="bucketed"),
-    ("arith", "transformer-rel"): dict(
-        d_model=128, d_ff=256, n_head=4, n_steps=11, embedding_init="kaiming", readout="sos",
-        dropout=0.5, attention_dropout=0.1, gate_dropout=0.0, steps=200_000, batch_size=512, eval_every=1000,
-        lr=1.5e-4, weight_decay=0.0025, grad_clip=1.0, batching="bucketed"),
-    ("arith", "transformer-rel-gate"): dict(
-        d_model=256, d_ff=1024, n_head=4, n_steps=15, embedding_init="normal", readout="eos",
-        dropout=0.5, attention_dropout=0.1, gate_dropout=0.1, steps=100_000, batch_size=512, eval_every=1000,
-        lr=1.5e-4, weight_decay=0.01, grad_clip=1.0, batching="bucketed"),
-    ("arith", "transformer-absrel-gate"): dict(
-        d_model=256, d_ff=1024, n_head=4, n_steps=15, embedding_init="normal", readout="eos",
-        dropout=0.5, attention_dropout=0.1, gate_dropout=0.1, steps=100_000, batch_size=512, eval_every=1000,
-        lr=1.5e-4, weight_decay=0.01, grad_clip=1.0, batching="bucketed"),
-    ("arith", "transformer-geom"): dict(
-        d_model=128, d_ff=256, n_head=4, n_steps=11, embedding_init="kaiming", readout="eos",
-        dropout=0.5, attention_dropout=0.1, gate_dropout=0.0, steps=200_000, batch_size=512, eval_every=1000,
-        lr=1.5e-4, weight_decay=0.0025, grad_clip=1.0, batching="bucketed"),
-    ("arith", "ndr"): dict(
-        d_model=256, d_ff=1024, n_head=4, n_steps=15, embedding_init="normal", readout="eos",
-        dropout=0.5, attention_dropout=0.1, gate_dropout=0.1, steps=100_000, batch_size=512, eval_every=1000,
-        lr=1.5e-4, weight_decay=0.01, grad_clip=1.0, batching="bucketed"),
-    ("arith", "transformer-compositional"): dict(
-        d_model=128, d_ff=256, n_head=4, n_steps=11, embedding_init="normal", readout="eos",
-        dropout=0.5, attention_dropout=0.1, gate_dropout=0.0, steps=200_000, batch_size=512, eval_every=1000,
-        lr=1.5e-4, weight_decay=0.0025, grad_clip=1.0, batching="bucketed"),
-    # ListOps
-    ("listops", "transformer"): dict(
-        d_model=256, d_ff=1024, n_head=16, n_steps=6, embedding_init="normal", readout="sos",
-        dropout=0.015, attention_dropout=0.05, gate_dropout=0.0, steps=200_000, batch_size=512,
-        eval_every=1000, lr=4e-4, weight_decay=0.05, grad_clip=1.0, batching="bucketed"),
-    ("listops", "transformer-rel"): dict(
-        d_model=256, d_ff=1024, n_head=16, n_steps=6, embedding_init="xavier", readout="sos",
-        dropout=0.015, attention_dropout=0.05, gate_dropout=0.0, steps=200_000, batch_size=512,
-        eval_every=1000, lr=4e-4, weight_decay=0.05, grad_clip=1.0, batching="bucketed"),
-    ("listops", "transformer-rel-gate"): dict(
-        d_model=512, d_ff=2048, n_head=16, n_steps=20, embedding_init="normal", readout="sos",
-        dropout=0.1, attention_dropout=0.1, gate_dropout=0.05, steps=100_000, batch_size=512, eval_every=1000,
-        lr=2e-4, weight_decay=0.09, grad_clip=1.0, batching="bucketed"),
-    ("listops", "transformer-absrel-gate"): dict(
-        d_model=512, d_ff=2048, n_head=16, n_steps=20, embedding_init="normal", readout="sos",
-        dropout=0.1, attention_dropout=0.1, gate_dropout=0.05, steps=100_000, batch_size=512, eval_every=1000,
-        lr=2e-4, weight_decay=0.09, grad_clip=1.0, batching="bucketed"),
-    ("listops", "transformer-geom"): dict(
-        d_model=256, d_ff=1024, n_head=16, n_steps=6, embedding_init="kaiming", readout="sos",
-        dropout=0.015, attention_dropout=0.05, gate_dropout=0.0, steps=200_000, batch_size=512,
-        eval_every=1000, lr=4e-4, weight_decay=0.05, grad_clip=1.0, batching="bucketed"),
-    ("listops", "ndr"): dict(
-        d_model=512, d_ff=1024, n_head=16, n_steps=20, n_steps_eval=24, embedding_init="normal",
-        readout="sos", dropout=0.1, attention_dropout=0.1, gate_dropout=0.05, steps=100_000, batch_size=512,
-        eval_every=1000, lr=2e-4, weight_decay=0.09, grad_clip=1.0, batching="bucketed"),
-    ("listops", "transformer-compositional"): dict(
-        d_model=256, d_ff=1024, n_head=16, n_steps=6, embedding_init="normal", readout="sos",
-        dropout=0.015, attention_dropout=0.05, gate_dropout=0.0, steps=200_000, batch_size=512,
-        eval_every=1000, lr=4e-4, weight_decay=0.05, grad_clip=1.0, batching="bucketed"),
+    ("ctl", "transformer"): CTL,
+    ("ctl", "transformer-rel"): dict(CTL, embedding_init="kaiming"),
+    ("ctl", "transformer-rel-gate"): CTL_GATE,
+    ("ctl", "transformer-absrel-gate"): CTL_GATE,
+    ("ctl", "transformer-geom"): dict(CTL, embedding_init="kaiming"),
+    ("ctl", "ndr"): dict(CTL_GATE, d_ff=512, gate_dropout=0.1, lr=1.5e-4, batching="bucketed"),
+    ("ctl", "transformer-compositional"): CTL,
+    ("arith", "transformer"): ARITH,
+    ("arith", "transformer-rel"): dict(ARITH, embedding_init="kaiming"),
+    ("arith", "transformer-rel-gate"): ARITH_GATE,
+    ("arith", "transformer-absrel-gate"): ARITH_GATE,
+    ("arith", "transformer-geom"): dict(ARITH, embedding_init="kaiming", readout="eos"),
+    ("arith", "ndr"): ARITH_GATE,
+    ("arith", "transformer-compositional"): dict(ARITH, readout="eos"),
+    ("listops", "transformer"): LISTOPS,
+    ("listops", "transformer-rel"): dict(LISTOPS, embedding_init="xavier"),
+    ("listops", "transformer-rel-gate"): LISTOPS_GATE,
+    ("listops", "transformer-absrel-gate"): LISTOPS_GATE,
+    ("listops", "transformer-geom"): dict(LISTOPS, embedding_init="kaiming"),
+    ("listops", "ndr"): dict(LISTOPS_GATE, d_ff=1024, n_steps_eval=24),
+    ("listops", "transformer-compositional"): LISTOPS,
 }
 
 # --- "cpu": sized for a 2-core machine (~30 min per run); overrides of the paper's row, applied in
@@ -126,8 +75,7 @@ CPU = {
     # ListOps: d = 128 (the copy-gated models set their own sizes below)
     "listops": dict(steps=2000, d_model=128, d_ff=512, n_head=4),
     # The copy-gated models apply their layer 14–20 times, so they get fewer steps outside CTL
-    # (below) and d = 128; the "+ gate" baselines' d_ff = 4·d, as the official code hard-wires for
-    # their layer (§4.3).
+    # (below) and d = 128; the "+ gate" baselines' d_ff = 4·d, the official code's (§4.3).
     "transformer-rel-gate": dict(d_model=128, d_ff=512, n_head=1, dropout=0.3,
                                  attention_dropout=0.1),
     "transformer-absrel-gate": dict(d_model=128, d_ff=512, n_head=1, dropout=0.3,
@@ -138,12 +86,10 @@ CPU = {
     # ListOps: the copy-gated models halve the batch
     ("listops", "transformer-rel-gate"): dict(steps=1200, batch_size=64),
     ("listops", "transformer-absrel-gate"): dict(steps=1200, batch_size=64),
-    # NDR keeps its paper row's shape at d = 128: d_ff/d as in the row (2 on CTL and ListOps, 4 on
-    # arithmetic) and 32-dimensional heads (1 on CTL; 4 on arithmetic, as the paper; 4 on ListOps,
-    # where the paper's 16 heads are 32-dimensional at its d = 512), with the row's dropouts: with 1
-    # head and dropout 0.3 it stayed at the majority class on arithmetic and ListOps. Beyond the
-    # shape it departs from its row only here: on CTL dropout 0.3, with which it reaches 0.99; on
-    # arithmetic 4,000 steps, not the gated baselines' 1,200.
+    # NDR keeps its paper row's shape at d = 128: d_ff/d as in the row and 32-dimensional heads
+    # (on ListOps 4, as the paper's 16 at its d = 512), with the row's dropouts: with 1 head and
+    # dropout 0.3 it stayed at the majority class on arithmetic and ListOps. Beyond the shape it
+    # departs from its row only in CTL's dropout 0.3 and arithmetic's 4,000 steps (gated: 1,200).
     ("ctl", "ndr"): dict(d_ff=256, dropout=0.3),
     ("arith", "ndr"): dict(d_ff=512, steps=4000),
     ("listops", "ndr"): dict(d_ff=256, n_head=4, steps=1200, batch_size=64),
@@ -167,8 +113,7 @@ class NDR(Recipe):
 
     @classmethod
     def derive(cls, row, task, model):
-        """CoDA's β = 1/√d_k (N = G/d_k, docs/coda.md §3): at β = 1 the mean gate started at 0.006
-        on CTL and stayed there for 400 steps; at 1/√d_k it starts near 0.5."""
+        """CoDA's β = 1/√d_k (N = G/d_k, docs/coda.md §3): Eq. 10's β = 1 starts the gate shut."""
         if hasattr(cls.model_config_class(model), "coda_beta") and "coda_beta" not in row:
             row["coda_beta"] = (row["n_head"] / row["d_model"]) ** 0.5
         return row
@@ -178,11 +123,7 @@ class NDR(Recipe):
 
     def build_model(self):
         return Classifier(self.cfg.model, len(self.task.vocab), len(self.task.classes),
-                          self.cfg.model_config,
-                          seed=self.cfg.seed)
-
-    def batches(self, rng):
-        return self.task.splits["train"].batches(self.cfg.batch_size, rng, self.cfg.batching)
+                          self.cfg.model_config, seed=self.cfg.seed)
 
     def loss(self, model, batch):
         x, lengths, y = self.to_device(batch)
@@ -190,16 +131,15 @@ class NDR(Recipe):
         return F.cross_entropy(logits, y), {"correct": (logits.data.argmax(-1) == y).sum()}, len(y)
 
     def evaluate(self, model):
-        return {s: self._accuracy(model, self.task.splits[s]) for s in ("iid", "valid", "test")
-                if s in self.task.splits}
-
-    def _accuracy(self, model, split):
-        correct = 0
+        result = {}
         with no_grad(), eval_mode():
-            for batch in eval_batches(split, self.cfg.eval_batch_size):
-                x, lengths, y = self.to_device(batch)
-                correct = correct + (model(x, lengths).data.argmax(-1) == y).sum()
-        return fraction(correct, len(split))
+            for name in [s for s in ("iid", "valid", "test") if s in self.task.splits]:
+                correct, split = 0, self.task.splits[name]
+                for batch in eval_batches(split, self.cfg.eval_batch_size):
+                    x, lengths, y = self.to_device(batch)
+                    correct = correct + (model(x, lengths).data.argmax(-1) == y).sum()
+                result[name] = fraction(correct, len(split))
+        return result
 
     def log_extra(self, model):
         """The mean gate on a few IID samples, so a log shows gates that stay shut: the copy gate (g
@@ -217,18 +157,12 @@ class NDR(Recipe):
 
     def plot_examples(self, model, texts):
         """NDR paper Figs. 2–3: copy gates and the attention of every head at every step."""
-        split, names = self.task.splits["test"], list(self.task.vocab) + ["<eos>", "<sos>"]
-        examples = [(example_name(text), parse_tokens(text, self.task.vocab, self.task.tokenize), None)
-                    for text in texts]
-        examples = examples or [(sample_name("test", i, split), split.inputs[i],
-                                 self.task.classes[split.labels[i]])
-                                for i in plot_sample(len(split))]
-        pictures = []
-        for name, seq, target in examples:
-            ids, lengths = collate([seq], len(self.task.vocab))
-            title = f"{self.cfg.task} / {self.cfg.model}: {self.task.decode(seq)}"
-            title += f" (target {target})" if target else ""
-            tokens = [names[i] for i in ids[0]]
-            pictures += viz.encoder_pictures(model, *self.to_device((ids, lengths)), tokens, title, name,
-                                             self.task.classes)
+        task, names, pictures = self.task, list(self.task.vocab) + ["<eos>", "<sos>"], []
+        inputs = self.plot_inputs(texts, lambda text: parse_tokens(text, task.vocab, task.tokenize),
+                                  lambda split, i: (split.inputs[i], task.classes[split.labels[i]]))
+        for name, seq, target in inputs:
+            ids, lengths = collate([seq], len(task.vocab))
+            title = self.plot_title(task.decode(seq), target)
+            pictures += viz.encoder_pictures(model, *self.to_device((ids, lengths)),
+                                             [names[i] for i in ids[0]], title, name, task.classes)
         return pictures

@@ -9,17 +9,16 @@ import numpy as np
 
 from minattn import backend
 from minattn.data import SCAN_SPLITS, get_task, scan_split
-from minattn.engine import Tensor, eval_mode, no_grad
+from minattn.engine import eval_mode, no_grad
 from minattn.models import seq2attn
 
 from .. import viz
-from .base import Recipe, Selection, example_name, fraction, parse_tokens, plot_sample, sample_name
+from .base import Recipe, Selection, fraction, parse_tokens
 
 
 @dataclasses.dataclass
 class SplitOptions:
-    """The task's options."""
-    # scan: the split (data.SCAN_SPLITS); lookup has one structure (sample1)
+    """The task's options: SCAN's split (data.SCAN_SPLITS); lookup has one structure (sample1)."""
     split: str = ""
 
 
@@ -29,40 +28,29 @@ class SplitOptions:
 # epochs at batch 64 (the project's default: the paper's SCAN batch size is unknown) in length
 # buckets, 10 evaluations (``TASKS``, ``derive``).
 SEQ2SEQ = seq2attn.MODELS["seq2seq"]      # the baseline: none of seq2attn's four components
+RUN = dict(dropout=0.5, lr=1e-3, weight_decay=0.0, grad_clip=5.0)
+LOOKUP = dict(RUN, batch_size=1, eval_every=100, batching="shuffled")
+SCAN = dict(RUN, batch_size=64, batching="bucketed")
 PAPER = {
-    ("lookup", "seq2attn"): dict(d_embedding=256, d_hidden=256, n_layers=1, cell="gru", dropout=0.5,
-                                 batch_size=1, eval_every=100, lr=1e-3, weight_decay=0.0,
-                                 grad_clip=5.0,
-                                 batching="shuffled"),
-    ("lookup", "seq2seq"): dict(SEQ2SEQ, d_embedding=128, d_hidden=512, n_layers=1, cell="gru",
-                                dropout=0.5,
-                                batch_size=1, eval_every=100, lr=1e-3, weight_decay=0.0,
-                                grad_clip=5.0,
-                                batching="shuffled"),
-    ("scan", "seq2attn"): dict(d_embedding=512, d_hidden=512, n_layers=1, cell="gru", dropout=0.5,
-                               batch_size=64, lr=1e-3, weight_decay=0.0, grad_clip=5.0,
-                               batching="bucketed"),
-    ("scan", "seq2seq"): dict(SEQ2SEQ, d_embedding=200, d_hidden=200, n_layers=2, cell="lstm",
-                              dropout=0.5,
-                              batch_size=64, lr=1e-3, weight_decay=0.0, grad_clip=5.0,
-                              batching="bucketed"),
+    ("lookup", "seq2attn"): dict(LOOKUP, d_embedding=256, d_hidden=256, n_layers=1, cell="gru"),
+    ("lookup", "seq2seq"): dict(LOOKUP, **SEQ2SEQ, d_embedding=128, d_hidden=512, n_layers=1,
+                                cell="gru"),
+    ("scan", "seq2attn"): dict(SCAN, d_embedding=512, d_hidden=512, n_layers=1, cell="gru"),
+    ("scan", "seq2seq"): dict(SCAN, **SEQ2SEQ, d_embedding=200, d_hidden=200, n_layers=2,
+                              cell="lstm"),
 }
 # "cpu" keeps all of that but shrinks both models to E = H = 64 (lookup; the paper's ablation uses
 # one size for all) or 128 (SCAN).
 CPU = {
     "lookup": dict(d_embedding=64, d_hidden=64),
     # SCAN's cpu batch is 8, nearer the batch 1 that the paper's grid search fixed (§3.6): 8x the
-    # updates of batch 64. Batch 2 would take ~1 h for 50 epochs on the 2-core machine; at batch 4
-    # (~30 min) the training loss of seq2attn diverged for good after 15 epochs (0.75 -> 3.09 and
-    # rising, seed 0); at batch 8 (~18 min) it fell to 0.17-0.42 by epoch 20-30 (3 seeds) but
-    # climbed back to 0.63-1.02 by epoch 50, still below batch 64's 1.72 after the same 50 epochs
-    # (seed 0). Chosen on the training loss: SCAN has no validation set. On test batch 8 ended at 0
-    # on all 3 seeds (0.11-0.43 during training) and batch 64 at 0.113 (RESULTS has the curves).
+    # updates of batch 64; batch 2 does not fit the 2-core machine, at batch 4 seq2attn's training
+    # loss diverged. Chosen on the training loss, as SCAN has no validation set (RESULTS.md, "SCAN
+    # at batch 8 and 50 epochs", has the curves and the test numbers).
     "scan": dict(d_embedding=128, d_hidden=128, batch_size=8),
     # At batch 8 seq2attn takes Adam's lr 3e-4, not the paper's 1e-3 (chosen on the training loss
-    # too): at 1e-3 its loss climbed back and at the end it fitted only 84-93% of its training
-    # commands; at 3e-4 the loss fell to 0.20-0.40 without climbing back and it fitted 93-100% (3
-    # seeds). The baseline keeps 1e-3: its loss fell to 0.03-0.05 there and it fitted all of them.
+    # too): at 1e-3 its loss climbed back and it did not fit its training commands; the baseline
+    # fits them at 1e-3 and keeps it.
     ("scan", "seq2attn"): dict(lr=3e-4),
 }
 
@@ -74,11 +62,8 @@ def scan_train_size(split):
     return len(scan_split(split)["train"])
 
 
-# The two tasks as rows: epochs of training, the training pairs an epoch has (lookup: its one
-# structure, sample1; SCAN: those of its --split, which it needs), whether the train split is
-# evaluated (SCAN's 15–22k commands are not) and the selection rule: lookup reports the evaluation
-# with the lowest validation loss (§1.6), SCAN, which has no validation set, the end of training
-# (§3.6).
+# The two tasks as rows: epochs of training, the training pairs an epoch has (SCAN: those of its
+# --split, which it needs), whether the train split is evaluated and the selection rule (Seq2Attn).
 TASKS = {
     "lookup": dict(epochs=100, train_size=lambda split: 232, needs_split=False, evaluate_train=True,
                    selection=Selection(metric="validation_loss", higher=False)),
@@ -90,8 +75,7 @@ ANALYSIS_SAMPLE = 2000   # training examples --analyze decodes
 
 
 def _correct(model, src, src_lengths, tgt, tgt_lengths):
-    """(B,) bool: greedy decoding with argmax attention gets every target token, <eos> included,
-    right."""
+    """(B,) bool: greedy decoding with argmax attention gets all target tokens, <eos> too, right."""
     padding = backend.array_module(tgt).arange(tgt.shape[1]) >= tgt_lengths[:, None]
     return ((model.greedy(src, src_lengths, tgt.shape[1]) == tgt) | padding).all(axis=1)
 
@@ -101,8 +85,7 @@ class Seq2Attn(Recipe):
     greedy decoding with argmax attention: every target token, <eos> included, must be right (§1.6).
     Lookup reports the evaluation with the lowest validation loss (§1.6), a loss computed, as the
     reference's evaluator does, while the model feeds back its own predictions. SCAN has no
-    validation set and reports the end of training (§3.6); its train split (15–22k commands) is not
-    evaluated."""
+    validation set and reports the end of training (§3.6), not evaluating its 15–22k train pairs."""
     tasks = ("lookup", "scan")
     models = seq2attn.MODELS
     PAPER, CPU = PAPER, CPU
@@ -110,8 +93,7 @@ class Seq2Attn(Recipe):
 
     @classmethod
     def derive(cls, row, task, model):
-        """Steps: whole epochs of the train split (``TASKS``); lookup evaluates every 100, SCAN 10
-        times."""
+        """Steps: epochs of the train split (``TASKS``); lookup evaluates every 100, SCAN 10x."""
         split, t = row.get("split", ""), TASKS[task]
         if split and not t["needs_split"]:
             raise ValueError(f"{task} has one split structure (sample1): drop --split")
@@ -131,11 +113,7 @@ class Seq2Attn(Recipe):
 
     def build_model(self):
         return seq2attn.Seq2Attn(self.cfg.model_config, len(self.task.in_vocab),
-                                 len(self.task.out_vocab),
-                                 self.task.sos, seed=self.cfg.seed)
-
-    def batches(self, rng):
-        return self.task.splits["train"].batches(self.cfg.batch_size, rng, self.cfg.batching)
+                                 len(self.task.out_vocab), self.task.sos, seed=self.cfg.seed)
 
     def loss(self, model, batch):
         src, src_lengths, tgt, tgt_lengths = self.to_device(batch)
@@ -189,42 +167,34 @@ class Seq2Attn(Recipe):
 
     def _decode(self, model, split, rows):
         """The number of rows of ``split`` (all if None) that greedy decoding gets right, and with
-        Gumbel attention the τ_t of each of their decoding steps up to <eos> (a host array; else
-        None)."""
+        Gumbel attention the τ_t of their decoding steps up to <eos> (a host array), else None."""
         attention, correct, taus, calls = model.attention, 0, [], []
         gumbel = attention.activation != "softmax"
-        record = viz.after_each_call(attention, lambda query, *_: calls.append(attention.tau(query)))
+        record = viz.after_each_call(attention,
+                                     lambda query, *_: calls.append(viz.step_tau(attention, query)))
         with no_grad(), eval_mode(), (record if gumbel else contextlib.nullcontext()):
             for batch in split.eval_batches(self.cfg.eval_batch_size, rows):
                 src, src_lengths, tgt, tgt_lengths = self.to_device(batch)
                 correct = correct + _correct(model, src, src_lengths, tgt, tgt_lengths).sum()
-                # one τ per call: a float ("fixed"), (1,) ("latent") or (B, 1) ("conditioned")
-                if gumbel:
-                    xp, B = backend.array_module(tgt), len(tgt)
-                    tau = xp.stack([xp.broadcast_to(t.data.reshape(-1), (B,)) if isinstance(t, Tensor) else
-                                    xp.full((B,), t, dtype=backend.DEFAULT_DTYPE) for t in calls], axis=1)
-                    # (B, steps) → valid steps
+                if gumbel:   # τ (B, steps) → the steps up to <eos>
+                    xp = backend.array_module(tgt)
+                    tau = xp.stack(calls, axis=1)
                     taus.append(tau[xp.arange(tau.shape[1]) < tgt_lengths[:, None]])
                     calls.clear()
         return int(backend.to_numpy(correct)), (backend.to_numpy(xp.concatenate(taus)) if gumbel else None)
 
     def plot_examples(self, model, texts):
-        """The attention trace (one-hot for seq2attn at inference) and the temperature of every
-        step, on test examples (lookup: heldout_compositions) or --example inputs ("100 t3 t1 .",
-        "jump twice")."""
-        task = self.task
-        split_name = "test" if "test" in task.splits else "heldout_compositions"
-        split = task.splits[split_name]
-        examples = [(example_name(text), parse_tokens(text, task.in_vocab), None) for text in texts]
-        examples = examples or [(sample_name(split_name, i, split), split.inputs[i],
-                                 task.decode(split.targets[i])) for i in plot_sample(len(split))]
+        """The attention trace (one-hot for seq2attn at inference) and τ at every step, on test
+        examples (lookup: heldout_compositions) or --example texts ("100 t3 t1 .", "jump twice")."""
+        task, pictures = self.task, []
         longest = max(int(s.targets.lengths.max()) for s in task.splits.values())
-        pictures = []
-        for name, src, target in examples:
+        inputs = self.plot_inputs(texts, lambda text: parse_tokens(text, task.in_vocab),
+                                  lambda split, i: (split.inputs[i], task.decode(split.targets[i])),
+                                  "test" if "test" in task.splits else "heldout_compositions")
+        for name, src, target in inputs:
             tokens = [task.in_vocab[i] for i in src]
-            title = f"{self.cfg.task} / {self.cfg.model}: {' '.join(tokens)}"
-            title += f" (target {target})" if target else ""
             src, lengths = self.to_device((src[None], np.array([len(src)])))
+            title = self.plot_title(" ".join(tokens), target)
             pictures += viz.seq2attn_pictures(model, src, lengths, longest + len(tokens), tokens,
                                               task.out_vocab, title, name)
         return pictures
