@@ -47,10 +47,9 @@ from minattn.lab import cli  # noqa: E402
 from minattn.lab.errors import Diverged, UsageError  # noqa: E402
 from minattn.lab.recipes import RECIPES, recipe_for  # noqa: E402, F401 (RECIPES: for scripts)
 from minattn.lab.recipes.base import optimizer, schedule, stop_early  # noqa: E402
-from minattn.lab.rundir import (CHECKPOINT, Terminated, append_line, identity,  # noqa: E402, F401
-                                load_checkpoint, locked, missing_top, remove_empty, repair_log,
-                                running_sums, save_checkpoint, stop_at_step_end, stopping_at_once,
-                                terminated, to_json, write_atomic)
+from minattn.lab.rundir import (CHECKPOINT, Terminated, append_line, defer_sigterm,  # noqa: E402, F401
+                                load_checkpoint, locked, repair_log, save_checkpoint, sigterm_pending,
+                                to_json, write_atomic)
 from minattn.lab.settings import (make_config, path_flags, resume_check,  # noqa: E402, F401
                                   user_values)   # (make_config: for scripts and the tests too)
 
@@ -105,18 +104,10 @@ def train(cfg, out_dir, resume=False, progress=True):
     results written to results.json. On ``resume``, ``cfg.steps`` and ``cfg.eval_every`` None mean
     the run's own."""
     backend.get_xp(cfg.device)         # a missing GPU fails here, before any work
-    created = missing_top(out_dir)     # the first directory of out_dir this run creates, if any
-    with locked(out_dir):
-        try:
-            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):   # (the guard)
-                run = restore(cfg, out_dir, resume)
-                loop(run, progress)
-                return finish(run)
-        except (UsageError, MemoryError):   # refused before anything was written: leave no trace
-            if created and os.listdir(out_dir) == ["lock"]:
-                os.remove(os.path.join(out_dir, "lock"))
-                remove_empty(out_dir, created)
-            raise
+    with locked(out_dir), np.errstate(over="ignore", invalid="ignore", divide="ignore"):   # (the guard)
+        run = restore(cfg, out_dir, resume)
+        loop(run, progress)
+        return finish(run)
 
 
 def restore(cfg, out_dir, resume):
@@ -146,8 +137,11 @@ def restore(cfg, out_dir, resume):
                              f"model: {e}") from None
         run.step, run.best, run.train_time = ckpt["step"], ckpt["best"], ckpt["train_time"]
         run.history, run.selected = ckpt["history"], ckpt["selected"]
-        run.last = ckpt["last"]
-        run.sums = Sums(*running_sums(ckpt, cfg.device))   # saved between evaluations (SIGTERM)
+        run.last, r = ckpt["last"], ckpt.get("running")   # running: saved between evaluations (SIGTERM)
+        if r:
+            sums = {k: backend.to_device(v, cfg.device) for k, v in ckpt["running_sums"].items()}
+            run.sums = Sums(sums["loss_sum"], sums["norm_sum"], {k: sums[f"stats/{k}"] for k in r["stats"]},
+                            r["seen"], r["n_batches"])
         repair_log(run.log_path, run.history, run.step)
     elif os.path.exists(run.log_path):
         os.remove(run.log_path)
@@ -172,9 +166,9 @@ def loop(run, progress):
     bar = tqdm(total=cfg.steps, initial=run.step, disable=not progress,
                desc=f"{cfg.task}/{cfg.model}", unit="step")
     model.train()
-    stop_at_step_end(True)            # SIGTERM from now on: the loop saves its step, then stops
+    defer_sigterm(True)               # SIGTERM from now on: the loop saves its step, then stops
     while True:
-        if terminated():              # SIGTERM: save this step (with the interval's sums), exit 143
+        if sigterm_pending():         # SIGTERM: save this step (with the interval's sums), exit 143
             if run.sums.batches:
                 checkpoint(run, running=True)
             raise Terminated
@@ -205,7 +199,7 @@ def loop(run, progress):
         run.sums.add(loss.data, norm, stats, n)
         run.train_time += time.perf_counter() - t0
         bar.update(1)
-    stop_at_step_end(False)           # (a SIGTERM after the last step stops the run here)
+    defer_sigterm(False)              # (a SIGTERM after the last step stops the run here)
     bar.close()
 
 
@@ -223,9 +217,10 @@ def evaluate(run, bar):
     if not run.diverged:
         bar.set_postfix_str("evaluating…", refresh=True)   # or the bar looks frozen meanwhile
         run.model.eval()              # with eval_mode() in the recipes: dropout off either way
-        with stopping_at_once():      # SIGTERM: the evaluation (a minute, maybe) is abandoned
-            entry.update(run.recipe.log_extra(run.model))
-            run.last = run.recipe.evaluate(run.model)
+        defer_sigterm(False)          # SIGTERM: the evaluation (a minute, maybe) is abandoned
+        entry.update(run.recipe.log_extra(run.model))
+        run.last = run.recipe.evaluate(run.model)
+        defer_sigterm(True)
         entry.update(run.last)
         run.model.train()
     entry["wall_s"] = round(run.train_time, 1)
@@ -245,7 +240,7 @@ def checkpoint(run, running=False):
     """Save the run atomically; ``running``: with the sums of the evaluation interval so far."""
     cfg = run.cfg
     save_checkpoint(os.path.join(run.out_dir, CHECKPOINT),
-                    {"identity": identity(cfg), "config": dataclasses.asdict(cfg),
+                    {"config": dataclasses.asdict(cfg),
                      "step": run.step, "best": run.best, "last": run.last,
                      "train_time": run.train_time, "history": run.history,
                      **path_flags(cfg.device)},   # the path it trains on: see settings.resume_check

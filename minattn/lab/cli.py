@@ -26,9 +26,9 @@ from .errors import Diverged, UsageError
 from .recipes import RECIPES, recipe_for
 from .recipes.base import schedule
 from .report import report, run_curves
-from .rundir import CHECKPOINT, Terminated, handling_signals, load_checkpoint, to_json, writable
+from .rundir import CHECKPOINT, Terminated, handling_signals, load_checkpoint, to_json
 from .settings import (TASK_FLAGS, make_config, parse_settings, refuse_unread, resume_check,
-                       resume_device, resume_settings, saved_settings, user_values)
+                       saved_settings, user_values)
 
 
 # --- the command line ---------------------------------------------------------------------------
@@ -209,21 +209,33 @@ def resolve(args):
     """The run's configuration, resolved in one pass, each source over the one before:
 
     1. the recipe's preset for (task, model, preset), by ``make_config``;
-    2. on a --resume: the settings saved in the checkpoint, and its task, model and preset (a --task,
-       --model or --preset that is not the run's is refused, naming the run);
+    2. on a --resume: the settings saved in the checkpoint, and its task, model, preset and device
+       (a --task, --model or --preset that is not the run's is refused, naming the run);
     3. the flags (--seed, --steps, --lr, --train-size, ...);
     4. --set KEY=VALUE (a setting given both as a flag and by --set: the two must agree).
 
     Returns the configuration and the settings given by 2–4, by name."""
-    saved = {}
+    saved, path = {}, os.path.join(args.out or "", CHECKPOINT)
     # (a directory without a checkpoint is left to the resume's own check: a live writer's lock, say)
-    if args.resume and args.out and os.path.exists(os.path.join(args.out, CHECKPOINT)):
-        saved = resume_settings(args.out, args.task, args.model, args.preset)
+    if args.resume and args.out and os.path.exists(path):
+        saved = saved_settings(load_checkpoint(path), path)
+        for flag in ("task", "model", "preset"):
+            if getattr(args, flag) not in (None, saved[flag]):
+                raise UsageError(f"{args.out} holds a {saved['task']} / {saved['model']} run "
+                                 f"({saved['preset']} preset), not --{flag} {getattr(args, flag)}: a "
+                                 f"resume continues the run as it is (drop --{flag}, or choose "
+                                 "another --out)")
     task, model, preset = (saved.pop(name, None) or getattr(args, name) or default
                            for name, default in (("task", "ctl"), ("model", "ndr"), ("preset", "cpu")))
-    device = "cpu" if args.device is None else args.device
-    if args.resume and args.out:   # the run's device unless --device is given
-        device = resume_device(args.out, args.device)
+    device = saved.pop("device", None) or "cpu"   # a resume's: the run's (null, hand-made: the CPU)
+    if args.device is not None:
+        device = args.device
+    elif device == "gpu":   # a GPU run continues on the GPU (on the CPU: slower, and not bit for bit)
+        try:
+            backend.get_xp("gpu")
+        except backend.DeviceError as e:
+            raise UsageError(f"{e}; the run in {args.out} was trained on the GPU: --device cpu "
+                             "continues it on the CPU") from None
     recipe_for(task)
     if device not in ("cpu", "gpu"):
         raise UsageError(f"unknown device {device!r}; valid devices: cpu, gpu")
@@ -344,8 +356,9 @@ def plot(out_dir, device="cpu", texts=(), task=None, model=None, settings=(), pl
     with user_values():
         pictures = recipe.plot_examples(net, list(texts))
     pictures += run_curves(out_dir)   # metrics.jsonl against the step, the selected step marked
-    writes_into = plot_dir if os.path.isdir(plot_dir) else out_dir
-    if default_dir and not writable(writes_into):
+    writes_into = plot_dir if os.path.isdir(plot_dir) else out_dir   # (permissions, a read-only disk)
+    if default_dir and not (os.access(writes_into, os.W_OK)
+                            and not os.statvfs(writes_into).f_flag & os.ST_RDONLY):
         raise UsageError(f"cannot write the pictures into {plot_dir} (read-only): choose "
                          "--plot-dir DIR")
     paths = viz.write_pictures(pictures, plot_dir)

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import viz
 from .errors import UsageError
-from .rundir import CHECKPOINT, Corrupted, _int, _number, _read_npz, open_regular, read_log, settings
+from .rundir import CHECKPOINT, _number, load_checkpoint, open_regular, read_log, settings
 
 
 # the fields of results.json the report reads, and their types
@@ -49,40 +49,22 @@ def finished_run(d):
     status = f"diverged at step {r['diverged_at']}" if "diverged_at" in r else None
     if status is None and os.path.isfile(os.path.join(d, CHECKPOINT)):   # resumed since, and stopped again?
         with contextlib.suppress(UsageError):
-            step = _checkpoint_metadata(os.path.join(d, CHECKPOINT)).get("step")
-            if _int(step) and step > r["steps"]:
+            step = load_checkpoint(os.path.join(d, CHECKPOINT), arrays=False)["step"]
+            if step > r["steps"]:
                 status = f"unfinished: step {step}, results of step {r['steps']}"
     return r, log, status
 
 
-def _checkpoint_metadata(path):
-    meta = json.loads(str(_read_npz(path, only="metadata.npy")["metadata"]))
-    if not isinstance(meta, dict):
-        raise Corrupted(f"checkpoint {path} is corrupted (its metadata is not an object)")
-    return meta
-
-
 def _unfinished_run(d):
-    """A run that has checkpointed but not finished: its row, from the checkpoint's metadata and last
-    evaluation."""
+    """A run that has checkpointed but not finished: its row, from the checkpoint's metadata."""
     if not os.path.isfile(os.path.join(d, CHECKPOINT)):
         raise UsageError(f"{d} has no results.json (not a run directory, or the run is not finished)")
-    meta = _checkpoint_metadata(os.path.join(d, CHECKPOINT))
-    cfg, history = meta.get("config"), meta.get("history")
-    if not (isinstance(cfg, dict) and isinstance(history, list) and history and isinstance(history[-1], dict)
-            and all(isinstance(cfg.get(k) or {}, dict) for k in ("model_config", "options"))
-            and all(isinstance(cfg.get(k), t) for k, t in (("task", str), ("model", str), ("preset", str),
-                                                           ("seed", int), ("steps", int)))):
-        raise UsageError(f"{d} has no results.json, and its checkpoint does not say how far the run got")
-    last = history[-1]
-    metrics = meta["last"] if isinstance(meta.get("last"), dict) else {}   # the last evaluation's
-    best = meta.get("best") if isinstance(meta.get("best"), dict) else {}   # the selected evaluation so far
-    r = {"task": cfg["task"], "model": cfg["model"], "preset": cfg["preset"], "seed": cfg["seed"],
-         "steps": last.get("step"), "config": cfg, "wall_s": last.get("wall_s") or 0,
-         "best_step": best.get("step") if _int(best.get("step")) else None,
-         "ms_per_step": None, "metrics": {k: v for k, v in metrics.items() if _number(v)}}
-    status = f"unfinished: step {last.get('step')} of {cfg['steps']}"
-    return r, [h for h in history if isinstance(h, dict)], status
+    meta = load_checkpoint(os.path.join(d, CHECKPOINT), arrays=False)
+    cfg, step = meta["config"], meta["step"]
+    r = {"task": cfg["task"], "model": cfg["model"], "preset": cfg["preset"], "seed": cfg.get("seed"),
+         "steps": step, "config": cfg, "wall_s": meta["train_time"], "best_step": meta["best"].get("step"),
+         "ms_per_step": None, "metrics": {k: v for k, v in meta["last"].items() if v is not None}}
+    return r, meta["history"], f"unfinished: step {step} of {cfg.get('steps')}"
 
 
 def _two_se(values):
