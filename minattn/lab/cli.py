@@ -1,16 +1,10 @@
-"""train.py's command line: the loop is train.py's; this file turns flags into a run configuration
-and runs the modes that read a trained run instead of training one.
-
-    python train.py --task ctl --model ndr                 # the cpu preset (fits ~30 min on 2 cores)
-    python train.py --task ctl --model ndr --preset paper --device gpu
-    python train.py --task arith --model transformer --steps 2000 --set d_model=128 --out runs/arith
-    python train.py --resume runs/ctl-ndr-cpu-s0           # continue an interrupted run exactly
-    python train.py --evaluate --out runs/ctl-ndr-cpu-s0   # also --plot, --analyze; --report DIR...
-
-A run's settings come from four places, merged in one pass in this order by ``resolve``: the recipe's
-preset, on ``--resume`` the checkpoint's, the flags, then ``--set KEY=VALUE`` (minattn/lab/settings.py
-types them). Bad input is one line ``error: ...`` and exit code 2; a run whose loss is not finite
-exits 3; Ctrl-C 130 and SIGTERM 143, abandoning a write in progress (minattn/lab/rundir.py).
+"""train.py's command line (its usage: train.py's docstring): the loop is train.py's; this file
+turns flags into a run configuration and runs the modes that read a trained run (--evaluate,
+--plot, --analyze) or finished ones (--report DIR...). A run's settings come from four places,
+merged in one pass in this order by ``resolve``: the recipe's preset, on ``--resume`` the
+checkpoint's, the flags, then ``--set KEY=VALUE`` (minattn/lab/settings.py types them). Bad input
+is one line ``error: ...`` and exit code 2; a run whose loss is not finite exits 3; Ctrl-C 130 and
+SIGTERM 143, abandoning a write in progress (minattn/lab/rundir.py).
 """
 import argparse
 import dataclasses
@@ -113,9 +107,9 @@ def main(argv, train):
         # Ctrl-C and SIGTERM (a write in progress is abandoned, its old file kept), then below
         with handling_signals():
             return _main(args, where, train)
-    except (UsageError, backend.DeviceError) as e:
+    except (UsageError, backend.DeviceError, Diverged) as e:   # Diverged: the loss is not finite
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return 3 if isinstance(e, Diverged) else 2
     # `train.py --report runs/* | head`: the reader left; not an error of ours
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -130,9 +124,6 @@ def main(argv, train):
         print(f"error: not enough memory ({e or 'MemoryError'}); choose smaller sizes (d_model, "
               "d_ff, n_steps, --batch-size)", file=sys.stderr)
         return 2
-    except Diverged as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 3
     except (KeyboardInterrupt, Terminated) as e:
         out = where["out"]
         kept = out and os.path.exists(os.path.join(out, CHECKPOINT))

@@ -33,15 +33,13 @@ def finished_run(d):
         return _unfinished_run(d)
     except (OSError, ValueError) as e:
         raise UsageError(f"{d} does not hold a readable run ({e.__class__.__name__}: {e})") from None
-    missing = set(REPORT_FIELDS) - set(r if isinstance(r, dict) else ())
-    if missing:
-        raise UsageError(f"{d}: results.json lacks {', '.join(sorted(missing))}")
-    wrong = [k for k, kind in REPORT_FIELDS.items() if not isinstance(r[k], kind) or isinstance(r[k], bool)]
-    wrong += [f"metrics.{k}" for k, v in r["metrics"].items() if v is not None and not _number(v)]
-    wrong += [f"config.{k}" for k in ("model_config", "options")
-              if not isinstance(r["config"].get(k) or {}, dict)]
+    r = r if isinstance(r, dict) else {}
+    wrong = [k for k, kind in REPORT_FIELDS.items()
+             if not isinstance(r.get(k, ...), kind) or isinstance(r[k], bool)]
+    wrong = wrong or [f"metrics.{k}" for k, v in r["metrics"].items() if v is not None and not _number(v)] + [
+        f"config.{k}" for k in ("model_config", "options") if not isinstance(r["config"].get(k) or {}, dict)]
     if wrong:
-        raise UsageError(f"{d}: results.json is malformed ({', '.join(wrong)} of the wrong type)")
+        raise UsageError(f"{d}: results.json is malformed ({', '.join(wrong)}: missing or of the wrong type)")
     try:
         log = read_log(os.path.join(d, "metrics.jsonl"))
     except OSError:
@@ -83,15 +81,6 @@ def _cell(v):
 CURVE_ROWS = 20   # a run's curve in the report: at most this many evaluations (the PNG and the log have all)
 
 
-def _curve_rows(log, best_step):
-    """The evaluations a report's curve table shows: all of a short log; of a long one CURVE_ROWS evenly
-    spaced, the first, the last and the selected one among them."""
-    if len(log) <= CURVE_ROWS:
-        return log
-    keep = {round(i * (len(log) - 1) / (CURVE_ROWS - 2)) for i in range(CURVE_ROWS - 1)}   # + the selected
-    return [e for i, e in enumerate(log) if i in keep or e["step"] == best_step]
-
-
 def report(paths, plot_dir=None):
     """Markdown table of runs (their results.json) and each run's learning curve. Diverged and unfinished
     runs get a row marked so, and are left out of the means over seeds and sizes. Directories that hold no
@@ -108,12 +97,9 @@ def report(paths, plot_dir=None):
         try:
             r, log, status = finished_run(d)
             row, curve = _report_row(d, r, log, status)
-        except UsageError as e:
-            print(f"warning: skipped: {e}", file=sys.stderr)
-            continue
-        except Exception as e:   # anything else one directory holds must not cost the others their report
-            print(f"warning: skipped {d}: its results cannot be read ({e.__class__.__name__}: {e})",
-                  file=sys.stderr)
+        except Exception as e:   # anything one directory holds must not cost the others their report
+            print(f"warning: skipped: {e}" if isinstance(e, UsageError) else f"warning: skipped {d}: its "
+                  f"results cannot be read ({e.__class__.__name__}: {e})", file=sys.stderr)
             continue
         config = settings(r["config"])
         run_key = json.dumps({k: v for k, v in config.items() if k != "device"}, sort_keys=True)
@@ -148,10 +134,8 @@ def report(paths, plot_dir=None):
             left = "".join(f" (seed {x['seed']} left out: {status})" for x, status in out)
             print(f"| {task} | {r['model']} | {r['preset']} | {settings(r['config'])['steps']} | "
                   f"{', '.join(str(x['seed']) for x, _ in runs)}{left} | {m} |")
-    size_curves, warnings = _size_curves([run for _, _, runs, _ in groups.values() for run, _ in runs])
+    size_curves = _size_curves([run for _, _, runs, _ in groups.values() for run, _ in runs])
     if size_curves:
-        for w in warnings:
-            print(w, file=sys.stderr)
         print(size_curves)
     print("\n".join(curves))
     if plot_dir is None:
@@ -169,11 +153,9 @@ def run_curves(out_dir):
     """[the learning curves of the run in out_dir] (a viz Picture: metrics.jsonl against the step, the
     selected step marked), or [] with a warning when it has no log to draw: what ``--plot`` adds."""
     try:
-        picture = _curves_picture([(out_dir, *finished_run(out_dir)[:2])])
+        picture, why = _curves_picture([(out_dir, *finished_run(out_dir)[:2])]), "no readable metrics.jsonl"
     except UsageError as e:
         picture, why = None, e
-    else:
-        why = "no readable metrics.jsonl"
     if picture is None:
         print(f"warning: no learning curves for {out_dir}: {why}", file=sys.stderr)
         return []
@@ -220,18 +202,15 @@ def _report_row(d, r, log, status):
         return row, None
     # every column any line has, in order of first appearance (a divergence line has only the train loss)
     keys = list(dict.fromkeys(k for e in log for k in e if k not in ("step", "wall_s")))
-    shown = _curve_rows(log, r["best_step"])
+    shown = log
+    if len(log) > CURVE_ROWS:   # evenly spaced: the first, the last and the selected one among them
+        keep = {round(i * (len(log) - 1) / (CURVE_ROWS - 2)) for i in range(CURVE_ROWS - 1)}
+        shown = [e for i, e in enumerate(log) if i in keep or e["step"] == r["best_step"]]
     cut = f" ({len(shown)} of its {len(log)} evaluations; all in metrics.jsonl)" if shown != log else ""
     return row, (f"\n{r['task']} / {r['model']} (seed {r['seed']}, {d}){cut}:\n\n| step | "
                  + " | ".join(keys) + " |\n|" + "---|" * (len(keys) + 1) + "\n" +
                  "\n".join(f"| {e['step']} | " + " | ".join(_cell(e.get(k)) for k in keys) + " |"
                            for e in shown))
-
-
-def _mean_cell(values):
-    """A size-curve cell: the mean, ± twice its standard error over two seeds or more, the number of seeds."""
-    spread = f" ± {_two_se(values):.3f}" if len(values) > 1 else ""
-    return f"{np.mean(values):.3f}{spread} ({len(values)})"
 
 
 SIZE_CURVE_FREE = ("seed", "device", "steps", "eval_every")   # what a learning curve's points may differ in
@@ -241,11 +220,11 @@ def _size_curves(runs):
     """Markdown table of the test metric over the training-set size (mean over seeds, their number in
     brackets), one row per experiment, when one of them was run at two sizes or more: the learning curves of
     the Abstractor paper's figures. Settings other than the seed and the size that tell two rows of one model
-    apart (e.g. ``init keras``) are named in the row. Returns (the table or "", its warnings)."""
+    apart (e.g. ``init keras``) are named in the row. Returns the table, or "" (its warnings are printed
+    with it)."""
     rows, warnings = {}, []
     for r in runs:
-        # the run's identity (as in the rows above): its settings by name
-        cfg = {**settings(r["config"]), "task": r["task"], "model": r["model"], "preset": r["preset"]}
+        cfg = settings(r["config"])   # the run's identity (as in the rows above): its settings by name
         size = cfg.pop("train_size", None)
         if size and isinstance(r["metrics"].get("test"), float):
             # the step count follows from the size (epochs of it), so it does not tell curves apart
@@ -261,7 +240,8 @@ def _size_curves(runs):
             curve[size] = [test for _, test in cell]
     rows = [(json.loads(k), curve) for k, curve in rows.items()]
     if all(len(curve) < 2 for _, curve in rows):   # no run spans sizes: the tables above say it all
-        return "", []
+        return ""
+    print("\n".join(warnings), file=sys.stderr)
     sizes = sorted({n for _, curve in rows for n in curve})
     out = ["\nTest over the training-set size (mean over seeds ± twice its standard error, the number of "
            "seeds in brackets):\n",
@@ -272,6 +252,7 @@ def _size_curves(runs):
         twins = [c for c, _ in rows if (c["task"], c["model"], c["preset"]) == same]
         differ = ", ".join(f"{k} {cfg.get(k)}" for k in sorted({k for c in twins for k in c})
                            if any(c.get(k) != cfg.get(k) for c in twins))
-        out.append(f"| {cfg['task']} | {cfg['model']} | {cfg['preset']} | {differ} | " + " | ".join(
-            _mean_cell(curve[n]) if n in curve else "" for n in sizes) + " |")
-    return "\n".join(out), warnings
+        cells = [f"{np.mean(v):.3f}{f' ± {_two_se(v):.3f}' if len(v) > 1 else ''} ({len(v)})" if v else ""
+                 for v in (curve.get(n) for n in sizes)]   # the mean ± twice its standard error, the seeds
+        out.append(f"| {cfg['task']} | {cfg['model']} | {cfg['preset']} | {differ} | {' | '.join(cells)} |")
+    return "\n".join(out)
