@@ -38,10 +38,8 @@ def parse_args(argv=None, description=__doc__):
     ap.add_argument("--model", help="one of: " + ", ".join(models) + " (default ndr)")
     ap.add_argument("--split", help="scan: the split, e.g. filler0, length, length_cutoff_26 (all: "
                     "SCAN_SPLITS in minattn/data/seq2attn.py)")
-    ap.add_argument("--device",
-                    help="cpu (default) or gpu (needs CuPy: make venv DEVICE=gpu, or pip install "
-                         "-e '.[gpu]'; see README \"On a GPU\"); a --resume keeps the run's unless "
-                         "given")
+    ap.add_argument("--device", help="cpu (default) or gpu (needs CuPy: README \"On a GPU\"); a "
+                    "--resume keeps the run's unless given")
     ap.add_argument("--preset", help="cpu (default; ~30 min on 2 cores) or paper (the paper's "
                     "hyperparameters, for a GPU); a --resume keeps the run's")
     ap.add_argument("--steps", type=int, help="optimizer steps (default: the preset's)")
@@ -50,10 +48,8 @@ def parse_args(argv=None, description=__doc__):
     ap.add_argument("--seed", type=int, help="seed of initialisation, data order and dropout "
                     "(default 0)")
     ap.add_argument("--eval-every", type=int, help="evaluate and checkpoint every N steps")
-    ap.add_argument("--out",
-                    help="run directory (default: runs/TASK-MODEL-PRESET-sSEED, the task tagged "
-                         "with --split, --train-size, --searches, --retrievals and --ood when "
-                         "given)")
+    ap.add_argument("--out", help="run directory (default: runs/TASK-MODEL-PRESET-sSEED, the task "
+                    "tagged with the data's flags, e.g. --split, when given)")
     ap.add_argument("--resume", nargs="?", const=True, default=False, metavar="DIR",
                     help="continue the checkpoint in --out (or DIR) exactly; without "
                          "--task/--model the run's task, model and settings come from the "
@@ -76,8 +72,7 @@ def parse_args(argv=None, description=__doc__):
                          "--analyze)")
     ap.add_argument("--plot", action="store_true", help="draw what the checkpoint in --out learned "
                     "(attention maps, gates, value scores, relations) and the run's learning "
-                    "curves into DIR/plots and exit; PNGs need matplotlib (pip install -e "
-                    "'.[plot]' or pip install matplotlib)")
+                    "curves into DIR/plots (needs matplotlib) and exit")
     ap.add_argument("--plot-dir", metavar="DIR",
                     help="--plot: write the PNGs to DIR (default: the run's plots/); --report: "
                          "also draw the runs' learning curves side by side into "
@@ -90,8 +85,7 @@ def parse_args(argv=None, description=__doc__):
                     help="sort, pairwise, set, mlu: training samples drawn from the train pool "
                          "(default: sort 500, pairwise 2015, set 2000, mlu 200000)")
     ap.add_argument("--searches", type=int, help="retrieval: ground-truth searches S (default 2)")
-    ap.add_argument("--retrievals", type=int,
-                    help="retrieval: ground-truth retrievals R (default 4)")
+    ap.add_argument("--retrievals", type=int, help="retrieval: ground-truth retrievals R (default 4)")
     ap.add_argument("--ood", action="store_true", default=None,
                     help="retrieval: train on 80%% of the combinations of retrieval choices; "
                          "ood_l1 is then out of distribution")
@@ -99,8 +93,7 @@ def parse_args(argv=None, description=__doc__):
 
 
 def main(argv, train):
-    """train.py's main: ``train`` is its loop, ``train(cfg, out_dir, resume, progress)`` → the
-    results."""
+    """train.py's main: ``train(cfg, out_dir, resume, progress)`` is its loop, returning the results."""
     # --help shows train.py's own docstring (what a user reads), not this file's
     args, where = parse_args(argv, sys.modules[train.__module__].__doc__), {"out": None}
     try:
@@ -135,15 +128,16 @@ def main(argv, train):
 
 
 def _main(args, where, train):
-    """main() without its error handling; ``where["out"]``: the run directory, once training
-    starts."""
+    """main() without its error handling; ``where["out"]``: the run directory, once training starts."""
     _check_flags(args)
     if args.report:
         report(args.report, args.plot_dir)
         return 0
     device = "cpu" if args.device is None else args.device
-    if args.analyze:
-        print(analyze(args.out, device, args.set))
+    if args.analyze:   # e.g. the CRT value-score table, paper Fig. 5
+        recipe, model, _ = _load_run(args.out, device, args.set)
+        with user_values():
+            print(recipe.analyze(model))
         return 0
     if args.evaluate:
         print(json.dumps(to_json(evaluate_checkpoint(args.out, device, args.set))))
@@ -294,7 +288,6 @@ def _load_run(out_dir, device, overrides=()):
         raise UsageError(f"no run directory {out_dir}")
     path = os.path.join(out_dir, CHECKPOINT)
     ckpt = load_checkpoint(path)
-    # checked setting by setting
     saved = dict(saved_settings(ckpt, path), device=device)
     saved.update(parse_settings(overrides, saved["task"], saved["model"], allowed=EVAL_SETTINGS))
     cfg = make_config(saved.pop("task"), saved.pop("model"), saved.pop("preset"), **saved)
@@ -307,14 +300,6 @@ def _load_run(out_dir, device, overrides=()):
     except ValueError as e:
         raise UsageError(f"checkpoint {path} does not fit the model: {e}") from None
     return recipe, model.to(device).eval(), ckpt["step"]   # eval(): e.g. n_steps_eval applies
-
-
-def analyze(out_dir, device="cpu", settings=()):
-    """The recipe's analysis of the checkpoint in out_dir (e.g. the CRT value-score table, paper
-    Fig. 5)."""
-    recipe, model, _ = _load_run(out_dir, device, settings)
-    with user_values():
-        return recipe.analyze(model)
 
 
 def evaluate_checkpoint(out_dir, device="cpu", settings=()):

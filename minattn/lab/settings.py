@@ -35,9 +35,11 @@ TASK_FLAGS = ("split", "train_size", "searches", "retrievals", "ood")   # task o
 LOOPS = ("n_steps", "n_steps_eval", "n_layers", "n_encoder_layers", "n_decoder_layers",
          "n_abstractor_layers")
 MAX_LOOPS = 10_000
-RULES = (   # (the settings, None for all; the test; what they must be): None (counted in epochs) passes
-    (None, lambda v: not isinstance(v, float) or math.isfinite(v), "a finite number"),   # (NaN passes
-    (("steps", "batch_size", "lr", "eval_every", "eval_batch_size"), lambda v: v > 0, "positive"),  # <)
+# what a run refuses: (the settings, None for all; the test; what they must be). None (counted in
+# epochs) passes; NaN passes every comparison, so it is refused first
+RULES = (
+    (None, lambda v: not isinstance(v, float) or math.isfinite(v), "a finite number"),
+    (("steps", "batch_size", "lr", "eval_every", "eval_batch_size"), lambda v: v > 0, "positive"),
     (("weight_decay", "grad_clip"), lambda v: v >= 0, "≥ 0"),   # 0 switches them off
     (LOOPS, lambda v: v <= MAX_LOOPS, f"{MAX_LOOPS:,} or fewer (applications or layers)"),
 )
