@@ -33,13 +33,14 @@ def finished_run(d):
         return _unfinished_run(d)
     except (OSError, ValueError) as e:
         raise UsageError(f"{d} does not hold a readable run ({e.__class__.__name__}: {e})") from None
-    r = r if isinstance(r, dict) else {}
-    wrong = [k for k, kind in REPORT_FIELDS.items()
-             if not isinstance(r.get(k, ...), kind) or isinstance(r[k], bool)]
+    missing = set(REPORT_FIELDS) - set(r if isinstance(r, dict) else ())
+    if missing:
+        raise UsageError(f"{d}: results.json lacks {', '.join(sorted(missing))}")
+    wrong = [k for k, kind in REPORT_FIELDS.items() if not isinstance(r[k], kind) or isinstance(r[k], bool)]
     wrong = wrong or [f"metrics.{k}" for k, v in r["metrics"].items() if v is not None and not _number(v)] + [
         f"config.{k}" for k in ("model_config", "options") if not isinstance(r["config"].get(k) or {}, dict)]
     if wrong:
-        raise UsageError(f"{d}: results.json is malformed ({', '.join(wrong)}: missing or of the wrong type)")
+        raise UsageError(f"{d}: results.json is malformed ({', '.join(wrong)} of the wrong type)")
     try:
         log = read_log(os.path.join(d, "metrics.jsonl"))
     except OSError:
