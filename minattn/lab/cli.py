@@ -128,8 +128,26 @@ def main(argv, train):
 
 
 def _main(args, where, train):
-    """main() without its error handling; ``where["out"]``: the run directory, once training starts."""
-    _check_flags(args)
+    """main() without its error handling; ``where["out"]``: the run directory, once training starts.
+    First the flags on their own: none empty, one mode at a time, what a mode needs."""
+    for flag in ("task", "model", "preset", "split", "out", "plot_dir", "resume"):
+        if getattr(args, flag) == "":
+            raise UsageError(f"--{flag.replace('_', '-')} is empty")
+    if isinstance(args.resume, str):  # --resume DIR: the run directory, as --out DIR
+        if args.out and args.out != args.resume:
+            raise UsageError(f"--resume {args.resume} and --out {args.out} name different run "
+                             "directories")
+        args.out, args.resume = args.resume, True
+    modes = [f"--{m.replace('_', '-')}" for m in ("report", "analyze", "evaluate", "plot", "show_config")
+             if getattr(args, m)]
+    if len(modes) > 1:   # each runs alone
+        raise UsageError(f"{' and '.join(modes)} are separate modes: give one at a time")
+    inspect = next((flag for flag in ("analyze", "evaluate", "plot") if getattr(args, flag)), None)
+    if inspect and not args.out:
+        raise UsageError(f"--{inspect} needs --out DIR (or --resume DIR), a run directory with a "
+                         "checkpoint")
+    if args.example and not args.plot:
+        raise UsageError("--example goes with --plot")
     if args.report:
         report(args.report, args.plot_dir)
         return 0
@@ -158,32 +176,17 @@ def _main(args, where, train):
         print(show_config(schedule(cfg), schedule(preset)))
         return 0
     where["out"] = out
-    results = train(cfg, out, resume=args.resume, progress=not args.no_progress)
-    print(summary(results, out))
+    r = train(cfg, out, resume=args.resume, progress=not args.no_progress)
+    metrics = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                        for k, v in r["metrics"].items())
+    print(f"done: {r['task']} / {r['model']}, {r['steps']} steps in {r['wall_s']:.0f} s "
+          f"({r['ms_per_step'] or 0:.0f} ms/step); {metrics or 'no metrics'} "
+          + (f"(selected at step {r['best_step']})\n" if r["best_step"] is not None else
+             "(the last evaluation: the task has no split to select by)\n") +
+          f"results: {os.path.join(out, 'results.json')}, learning curve: "
+          f"{os.path.join(out, 'metrics.jsonl')}, checkpoint: {os.path.join(out, CHECKPOINT)}\n"
+          f"pictures: python train.py --plot --out {shlex.quote(out)}")
     return 0
-
-
-def _check_flags(args):
-    """The flags on their own: none empty, one mode at a time, what a mode needs; ``--resume DIR``
-    becomes ``--resume --out DIR``."""
-    for flag in ("task", "model", "preset", "split", "out", "plot_dir", "resume"):
-        if getattr(args, flag) == "":
-            raise UsageError(f"--{flag.replace('_', '-')} is empty")
-    if isinstance(args.resume, str):  # --resume DIR: the run directory, as --out DIR
-        if args.out and args.out != args.resume:
-            raise UsageError(f"--resume {args.resume} and --out {args.out} name different run "
-                             "directories")
-        args.out, args.resume = args.resume, True
-    modes = [f"--{m.replace('_', '-')}" for m in ("report", "analyze", "evaluate", "plot", "show_config")
-             if getattr(args, m)]
-    if len(modes) > 1:   # each runs alone
-        raise UsageError(f"{' and '.join(modes)} are separate modes: give one at a time")
-    inspect = next((flag for flag in ("analyze", "evaluate", "plot") if getattr(args, flag)), None)
-    if inspect and not args.out:
-        raise UsageError(f"--{inspect} needs --out DIR (or --resume DIR), a run directory with a "
-                         "checkpoint")
-    if args.example and not args.plot:
-        raise UsageError("--example goes with --plot")
 
 
 # the flags that give a setting of the same name (the others choose what runs, where and how)
@@ -221,7 +224,6 @@ def resolve(args):
         except backend.DeviceError as e:
             raise UsageError(f"{e}; the run in {args.out} was trained on the GPU: --device cpu "
                              "continues it on the CPU") from None
-    recipe_for(task)
     if device not in ("cpu", "gpu"):
         raise UsageError(f"unknown device {device!r}; valid devices: cpu, gpu")
     flags = {k: getattr(args, k) for k in SETTING_FLAGS if getattr(args, k) is not None}
@@ -259,31 +261,15 @@ def show_config(cfg, preset):
     return "\n".join(lines)
 
 
-def summary(results, out):
-    """The end of a run for a reader: what was selected, and where everything is."""
-    metrics = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-                        for k, v in results["metrics"].items())
-    return (f"done: {results['task']} / {results['model']}, {results['steps']} steps in "
-            f"{results['wall_s']:.0f} s ({results['ms_per_step'] or 0:.0f} ms/step); "
-            f"{metrics or 'no metrics'} "
-            + (f"(selected at step {results['best_step']})\n" if results["best_step"] is not None else
-               "(the last evaluation: the task has no split to select by)\n") +
-            f"results: {os.path.join(out, 'results.json')}, learning curve: "
-            f"{os.path.join(out, 'metrics.jsonl')}, checkpoint: {os.path.join(out, CHECKPOINT)}\n"
-            f"pictures: python train.py --plot --out {shlex.quote(out)}")
-
-
 # --- trained runs: --evaluate, --analyze, --plot --------------------------------------------------
 
-# what `--set` may change in a trained run (--evaluate, --plot, --analyze): evaluation, never the
-# weights
+# what `--set` may change in a trained run (--evaluate, --plot, --analyze): evaluation, not weights
 EVAL_SETTINGS = ("n_steps_eval", "eval_batch_size")
 
 
 def _load_run(out_dir, device, overrides=()):
-    """The recipe (its task loaded), the trained model of the checkpoint in out_dir on ``device``,
-    and the checkpoint's step. ``overrides``: KEY=VALUE strings of EVAL_SETTINGS that override the
-    saved config."""
+    """The recipe (its task loaded), the trained model of out_dir's checkpoint on ``device``, and its
+    step; ``overrides``: --set's KEY=VALUE strings (EVAL_SETTINGS only)."""
     if not os.path.isdir(out_dir):
         raise UsageError(f"no run directory {out_dir}")
     path = os.path.join(out_dir, CHECKPOINT)
@@ -304,9 +290,7 @@ def _load_run(out_dir, device, overrides=()):
 
 def evaluate_checkpoint(out_dir, device="cpu", settings=()):
     """Every evaluation split's metric for the weights in out_dir's checkpoint: those of its last
-    evaluation, which need not be the selected step of results.json. E.g.
-    ``settings=["n_steps_eval=16"]`` applies a shared-layer encoder 16 times at evaluation instead
-    of the number it was trained with."""
+    evaluation, which need not be the selected step of results.json."""
     recipe, model, step = _load_run(out_dir, device, settings)
     with user_values():
         return {"step": step, "settings": list(settings), "metrics": recipe.evaluate(model)}

@@ -1,8 +1,7 @@
 """The report of finished runs (``train.py --report``): one row per run directory (results.json, or the
-checkpoint of a run that has not finished), means ± sample std over seeds, and learning curves over
-training-set sizes. What it cannot read it skips, naming why. ``run_curves`` (for ``--plot``) and
-``report(…, plot_dir)`` (``--report … --plot-dir DIR``) draw runs' learning curves: their metrics.jsonl
-against the step, the selected step marked (viz.learning_curves).
+checkpoint of a run that has not finished), means ± sample std over seeds, and learning curves over the
+step (viz.learning_curves, also for ``--plot``) and over training-set sizes. What it cannot read it skips,
+naming why.
 """
 import contextlib
 import json
@@ -83,12 +82,10 @@ CURVE_ROWS = 20   # a run's curve in the report: at most this many evaluations (
 
 
 def report(paths, plot_dir=None):
-    """Markdown table of runs (their results.json) and each run's learning curve. Diverged and unfinished
-    runs get a row marked so, and are left out of the means over seeds and sizes. Directories that hold no
-    run are skipped with a warning, and so is one whose files are malformed; a run is counted once, however
-    often it is listed or copied: runs with one configuration (seed included; device aside) are one run, as
-    training is deterministic. ``plot_dir``: also draw the listed runs' learning curves side by side into
-    plot_dir/learning-curves.png; returns the paths written."""
+    """Markdown table of runs and each run's learning curve. Diverged and unfinished runs get a row marked so,
+    and are left out of the means over seeds and sizes. A run is counted once, however often it is listed
+    or copied (training is deterministic). ``plot_dir``: also draw the runs' learning curves side by side
+    into plot_dir/learning-curves.png; returns the paths written."""
     if plot_dir is not None:   # before the tables are printed
         viz.require_matplotlib("--report --plot-dir")
         if os.path.exists(plot_dir) and not os.path.isdir(plot_dir):
@@ -151,8 +148,7 @@ def report(paths, plot_dir=None):
 
 
 def run_curves(out_dir):
-    """[the learning curves of the run in out_dir] (a viz Picture: metrics.jsonl against the step, the
-    selected step marked), or [] with a warning when it has no log to draw: what ``--plot`` adds."""
+    """What ``--plot`` adds: [the learning curves of the run in out_dir], or [] with a warning."""
     try:
         picture, why = _curves_picture([(out_dir, *finished_run(out_dir)[:2])]), "no readable metrics.jsonl"
     except UsageError as e:
@@ -165,9 +161,8 @@ def run_curves(out_dir):
 
 def _curves_picture(runs):
     """One picture of the learning curves of ``runs`` ((directory, results, log) triples; those without a log
-    are left out), or None if none has a log. The marked step is results.json's ``best_step`` (the selected
-    evaluation; an unfinished run's: its checkpoint's so far); SCAN selects none and reports its last
-    evaluation, which is then marked."""
+    are left out), or None if none has a log. The selected evaluation is marked (SCAN selects none: its
+    last)."""
     runs = [(d, r, log) for d, r, log in runs if log]
     if not runs:
         return None
@@ -218,11 +213,9 @@ SIZE_CURVE_FREE = ("seed", "device", "steps", "eval_every")   # what a learning 
 
 
 def _size_curves(runs):
-    """Markdown table of the test metric over the training-set size (mean over seeds, their number in
-    brackets), one row per experiment, when one of them was run at two sizes or more: the learning curves of
-    the Abstractor paper's figures. Settings other than the seed and the size that tell two rows of one model
-    apart (e.g. ``init keras``) are named in the row. Returns the table, or "" (its warnings are printed
-    with it)."""
+    """Markdown table of the test metric over the training-set size (the Abstractor paper's learning curves),
+    one row per experiment, when one was run at two sizes or more, or "" (its warnings are printed with it).
+    Settings that tell two rows of one model apart (e.g. ``init keras``) are named in the row."""
     rows, warnings = {}, []
     for r in runs:
         cfg = settings(r["config"])   # the run's identity (as in the rows above): its settings by name

@@ -105,14 +105,9 @@ def setting_types(task, model=None):
             for k, t in types.items()}
 
 
-def _bool(text):
-    if text.lower() not in ("true", "false", "1", "0"):
-        raise ValueError(text)
-    return text.lower() in ("true", "1")
-
-
 # how --set reads a value of each type, what one looks like, and what a checkpoint may hold
-PARSE = {int: int, float: float, bool: _bool, str: str}
+PARSE = {int: int, float: float, str: str,
+         bool: lambda text: {"true": True, "1": True, "false": False, "0": False}[text.lower()]}
 EXPECTED = {int: "an integer", float: "a number", bool: "true or false", str: "text"}
 SAVED = {int: _int, float: _number, bool: lambda v: isinstance(v, bool), str: lambda v: isinstance(v, str)}
 
@@ -137,7 +132,7 @@ def parse_settings(items, task, model, allowed=None):
             raise UsageError(f"unknown setting {key!r} in --set; valid: {', '.join(sorted(types))}")
         try:
             values[key] = PARSE[types[key]](text)
-        except ValueError:
+        except (ValueError, KeyError):   # KeyError: not a bool
             raise UsageError(f"--set {item}: expected {EXPECTED[types[key]]}") from None
     return values
 
