@@ -58,8 +58,7 @@ from minattn.lab.settings import (make_config, path_flags, resume_check,  # noqa
 class Sums:
     """The training numbers of the steps since the last evaluation, summed where they are: on the
     device, read only when logged. The divergence guard reads them then too, rather than syncing
-    every step: a NaN or inf stays in a sum until it is read. (A checkpoint stores them in this
-    order: rundir.save_checkpoint.)"""
+    every step: a NaN or inf stays in a sum until it is read."""
     loss: object = 0.0
     norm: object = 0.0                 # of the gradients, before clipping (0 without clipping)
     stats: dict = dataclasses.field(default_factory=dict)   # the recipe's, e.g. correct predictions

@@ -1,10 +1,8 @@
 """train.py's command line (its usage: train.py's docstring): the loop is train.py's; this file
 turns flags into a run configuration and runs the modes that read a trained run (--evaluate,
---plot, --analyze) or finished ones (--report DIR...). A run's settings come from four places,
-merged in one pass in this order by ``resolve``: the recipe's preset, on ``--resume`` the
-checkpoint's, the flags, then ``--set KEY=VALUE`` (minattn/lab/settings.py types them). Bad input
-is one line ``error: ...`` and exit code 2; a run whose loss is not finite exits 3; Ctrl-C 130 and
-SIGTERM 143, abandoning a write in progress (minattn/lab/rundir.py).
+--plot, --analyze) or finished ones (--report DIR...); a run's settings are merged in one pass
+(``resolve``). Bad input is one line ``error: ...`` and exit code 2; a run whose loss is not finite
+exits 3; Ctrl-C 130 and SIGTERM 143, abandoning a write in progress (minattn/lab/rundir.py).
 """
 import argparse
 import dataclasses
@@ -51,9 +49,8 @@ def parse_args(argv=None, description=__doc__):
     ap.add_argument("--out", help="run directory (default: runs/TASK-MODEL-PRESET-sSEED, the task "
                     "tagged with the data's flags, e.g. --split, when given)")
     ap.add_argument("--resume", nargs="?", const=True, default=False, metavar="DIR",
-                    help="continue the checkpoint in --out (or DIR) exactly; without "
-                         "--task/--model the run's task, model and settings come from the "
-                         "checkpoint (add --steps N to extend it)")
+                    help="continue the checkpoint in --out (or DIR) exactly, with the run's task, "
+                         "model and settings (add --steps N to extend it)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override any setting, e.g. --set d_model=64 --set n_steps=10 --set "
                          "batching=random")
@@ -61,8 +58,7 @@ def parse_args(argv=None, description=__doc__):
                     "configuration (marking what flags and --set changed) and exit")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--report", nargs="+", metavar="DIR",
-                    help="print a markdown table of finished runs (and mean ± std over the seeds "
-                         "of one experiment) and exit")
+                    help="print a markdown table of finished runs (mean ± std over seeds) and exit")
     ap.add_argument("--analyze", action="store_true",
                     help="print the analysis of the checkpoint in --out and exit (retrieval: the "
                          "value-score table of paper Fig. 5)")

@@ -161,8 +161,7 @@ def run_curves(out_dir):
 
 def _curves_picture(runs):
     """One picture of the learning curves of ``runs`` ((directory, results, log) triples; those without a log
-    are left out), or None if none has a log. The selected evaluation is marked (SCAN selects none: its
-    last)."""
+    are left out), or None if none has a log."""
     runs = [(d, r, log) for d, r, log in runs if log]
     if not runs:
         return None

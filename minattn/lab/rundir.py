@@ -57,10 +57,9 @@ def handling_signals():
 
 
 def defer_sigterm(on):
-    """On (training steps): SIGTERM waits for the end of the step (``sigterm_pending()``; the loop
-    saves the step, then raises Terminated), so a preempted run loses no step. Off (an evaluation,
-    which may outlast a scheduler's grace period; the end of training): SIGTERM raises, a pending
-    one at once."""
+    """On (training steps): SIGTERM waits for the end of the step (``sigterm_pending()``), which the
+    loop saves, so a preempted run loses no step. Off (an evaluation, which may outlast a scheduler's
+    grace period; the end of training): SIGTERM raises, a pending one at once."""
     _sigterm["deferred"] = on
     if not on and _sigterm["pending"]:
         _sigterm["pending"] = False
@@ -129,9 +128,8 @@ def write_atomic(path, write, mode="w"):
 def locked(out_dir):
     """Hold an exclusive lock on the run directory (made if needed) while the block runs; a second
     writer is refused. The kernel releases ``flock`` when its process dies, so a killed run's lock
-    is taken over; the file stays (deleting it would let a waiting writer lock an orphan inode).
-    A start refused in the block (UsageError, MemoryError) before it wrote a file leaves no trace:
-    the lock and the directories made for it go."""
+    is taken over; the file stays (deleting it would let a waiting writer lock an orphan inode),
+    unless the block refuses the start before writing a file: then the directories made go too."""
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise UsageError(f"--out {out_dir} is a file, not a run directory")
     if os.path.exists(os.path.join(out_dir, "checkpoint.pkl")):
@@ -184,9 +182,9 @@ def to_json(obj):
 
 def save_checkpoint(path, metadata, params, opt_state, selected=None, running=None):
     """``params``, ``selected`` (at the selected evaluation): {name: array}; ``opt_state``: the
-    optimizer's state_dict; ``running``: the sums of the evaluation interval in progress (train.Sums),
-    so that a resume logs what an uninterrupted run logs. No RNG state: a run's random streams are
-    functions of its seed and the step."""
+    optimizer's state_dict; ``running``: the sums of the evaluation interval in progress (train.Sums,
+    a tuple in its field order).
+    No RNG state: a run's random streams are functions of its seed and the step."""
     states = dict(zip(params, opt_state["state"]))
     arrays = {f"model/{k}": v for k, v in params.items()}
     arrays.update({f"selected/{k}": v for k, v in (selected or {}).items()})
@@ -246,9 +244,7 @@ _METADATA = {   # what each field must be (docs/checkpoints.md), and what the me
 def load_checkpoint(path, arrays=True):
     """The checkpoint at ``path``: its metadata, "model" and "selected" ({name: array}), "optimizer"
     (a state_dict), "running_sums" ({name: array}); ``arrays=False``: its metadata alone. What
-    save_checkpoint would not write is one line naming it, and so is an older minattn's checkpoint.
-    Its members may not declare more bytes than the file holds (np.savez does not compress; a zip
-    bomb declares gigabytes in kilobytes): checked before any is read."""
+    save_checkpoint would not write is one line naming it, and so is an older minattn's checkpoint."""
     out_dir = os.path.dirname(path) or "."
     if not os.path.exists(path):
         if os.path.exists(os.path.join(out_dir, "checkpoint.pkl")):
@@ -258,7 +254,7 @@ def load_checkpoint(path, arrays=True):
         size = os.fstat(f.fileno()).st_size
         try:
             with np.load(f, allow_pickle=False) as z:
-                declared = sum(i.file_size for i in z.zip.infolist())
+                declared = sum(i.file_size for i in z.zip.infolist())   # a zip bomb: GB in kB, refused
                 if declared > 2 * size + (1 << 20):
                     raise corrupted(path, f"its members declare {declared} bytes in a file of {size}")
                 members = {k: z[k] for k in z.files if arrays or k == "metadata"}

@@ -1,8 +1,6 @@
-"""A run's settings by name: what ``--set`` may change in a run of a task and model (the fields of
-the run's config, of the task options and of the model's own, typed by its recipe), what a run
-refuses, and a checkpoint's configuration checked against them before a ``--resume`` or
-``--evaluate`` uses it. The run directory's files are minattn/lab/rundir.py's; this is where the
-recipes are asked what a setting is.
+"""A run's settings by name, where the recipes are asked what a setting is: what ``--set`` may change
+(the fields of the run's config, of the task options and of the model's own), what a run refuses,
+and a checkpoint's configuration checked against them before ``--resume`` or ``--evaluate`` use it.
 """
 import contextlib
 import dataclasses
@@ -30,8 +28,7 @@ def user_values():
 
 
 TASK_FLAGS = ("split", "train_size", "searches", "retrievals", "ood")   # task options with a flag
-# settings that count applications of a layer or layers: bounded (a checkpoint's too), so none runs
-# forever
+# settings that count applications of a layer or layers: bounded, so that no run goes on forever
 LOOPS = ("n_steps", "n_steps_eval", "n_layers", "n_encoder_layers", "n_decoder_layers",
          "n_abstractor_layers")
 MAX_LOOPS = 10_000
@@ -54,10 +51,9 @@ def refused(flat):
 
 
 def make_config(task, model, preset="cpu", **overrides):
-    """The full configuration of a run: the preset for (task, model), then explicit overrides
-    (settings of the run, the task options or the model, by name; None means "keep the preset's").
-    The task options are given to the preset, which may count in them (e.g. SCAN's steps in epochs
-    of its split)."""
+    """The full configuration of a run: the preset for (task, model), given the task options (it may
+    count in them, e.g. SCAN's steps in epochs of its split), then the other overrides by name (None
+    keeps the preset's)."""
     recipe = recipe_for(task)
     recipe.check_names(task, model, preset)
     types = field_types(recipe, model)
