@@ -148,13 +148,11 @@ def _main(args, where, train):
         report(args.report, args.plot_dir)
         return 0
     device = "cpu" if args.device is None else args.device
-    if args.analyze:   # e.g. the CRT value-score table, paper Fig. 5
-        recipe, model, _ = _load_run(args.out, device, args.set)
-        with user_values():
-            print(recipe.analyze(model))
-        return 0
-    if args.evaluate:
-        print(json.dumps(to_json(evaluate_checkpoint(args.out, device, args.set))))
+    if args.analyze or args.evaluate:   # --evaluate: the weights of the last evaluation, which need
+        recipe, model, step = _load_run(args.out, device, args.set)   # not be results.json's selected one
+        with user_values():   # --analyze: e.g. the CRT value-score table, paper Fig. 5
+            print(recipe.analyze(model) if args.analyze else json.dumps(to_json(
+                {"step": step, "settings": args.set, "metrics": recipe.evaluate(model)})))
         return 0
     if args.plot:
         plot(args.out, device, args.example, args.task, args.model, args.set, args.plot_dir)
@@ -282,14 +280,6 @@ def _load_run(out_dir, device, overrides=()):
     except ValueError as e:
         raise UsageError(f"checkpoint {path} does not fit the model: {e}") from None
     return recipe, model.to(device).eval(), ckpt["step"]   # eval(): e.g. n_steps_eval applies
-
-
-def evaluate_checkpoint(out_dir, device="cpu", settings=()):
-    """Every evaluation split's metric for the weights in out_dir's checkpoint: those of its last
-    evaluation, which need not be the selected step of results.json."""
-    recipe, model, step = _load_run(out_dir, device, settings)
-    with user_values():
-        return {"step": step, "settings": list(settings), "metrics": recipe.evaluate(model)}
 
 
 def plot(out_dir, device="cpu", texts=(), task=None, model=None, settings=(), plot_dir=None):

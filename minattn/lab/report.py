@@ -28,8 +28,14 @@ def finished_run(d):
     try:
         with open_regular(os.path.join(d, "results.json")) as f:
             r = json.load(f)
-    except FileNotFoundError:
-        return _unfinished_run(d)
+    except FileNotFoundError:   # a run that has checkpointed but not finished: its checkpoint's metadata
+        if not os.path.isfile(os.path.join(d, CHECKPOINT)):
+            raise UsageError(f"{d} has no results.json (not a run directory, or the run is not finished)")
+        meta = load_checkpoint(os.path.join(d, CHECKPOINT), arrays=False)
+        cfg, step = meta["config"], meta["step"]
+        r = dict(cfg, steps=step, config=cfg, wall_s=meta["train_time"], best_step=meta["best"].get("step"),
+                 ms_per_step=None, metrics={k: v for k, v in meta["last"].items() if v is not None})
+        return r, meta["history"], f"unfinished: step {step} of {cfg.get('steps')}"
     except (OSError, ValueError) as e:
         raise UsageError(f"{d} does not hold a readable run ({e.__class__.__name__}: {e})") from None
     missing = set(REPORT_FIELDS) - set(r if isinstance(r, dict) else ())
@@ -51,18 +57,6 @@ def finished_run(d):
             if step > r["steps"]:
                 status = f"unfinished: step {step}, results of step {r['steps']}"
     return r, log, status
-
-
-def _unfinished_run(d):
-    """A run that has checkpointed but not finished: its row, from the checkpoint's metadata."""
-    if not os.path.isfile(os.path.join(d, CHECKPOINT)):
-        raise UsageError(f"{d} has no results.json (not a run directory, or the run is not finished)")
-    meta = load_checkpoint(os.path.join(d, CHECKPOINT), arrays=False)
-    cfg, step = meta["config"], meta["step"]
-    r = {"task": cfg["task"], "model": cfg["model"], "preset": cfg["preset"], "seed": cfg.get("seed"),
-         "steps": step, "config": cfg, "wall_s": meta["train_time"], "best_step": meta["best"].get("step"),
-         "ms_per_step": None, "metrics": {k: v for k, v in meta["last"].items() if v is not None}}
-    return r, meta["history"], f"unfinished: step {step} of {cfg.get('steps')}"
 
 
 def _two_se(values):
