@@ -105,7 +105,12 @@ def train(cfg, out_dir, resume=False, progress=True):
     backend.get_xp(cfg.device)         # a missing GPU fails here, before any work
     with locked(out_dir), np.errstate(over="ignore", invalid="ignore", divide="ignore"):   # (the guard)
         run = restore(cfg, out_dir, resume)
-        loop(run, progress)
+        try:
+            loop(run, progress)
+        except Terminated:   # SIGTERM: the step it came in is saved with its interval's sums, exit 143
+            if run.sums.batches and not run.diverged:   # (an evaluation it cut short: the resume's)
+                checkpoint(run, running=True)
+            raise
         return finish(run)
 
 
@@ -157,9 +162,8 @@ def restore(cfg, out_dir, resume):
 def loop(run, progress):
     """Train up to ``cfg.steps``: batches → loss → backward → clip → AdamW step; every
     ``eval_every`` steps (and after the last) an evaluation, a line in the log and a checkpoint.
-    SIGTERM stops the loop at the end of its step, which is saved first (in an evaluation: at once,
-    and the step is saved without it, so that the resume evaluates it); a loss that is not finite
-    stops the loop at the next evaluation."""
+    SIGTERM stops the loop at the end of its step (in an evaluation: at once), which ``train``
+    saves; a loss that is not finite stops the loop at the next evaluation."""
     cfg, recipe, model, opt = run.cfg, run.recipe, run.model, run.opt
     rng = backend.RNG(cfg.seed, cfg.device)
     bar = tqdm(total=cfg.steps, initial=run.step, disable=not progress,
@@ -167,16 +171,10 @@ def loop(run, progress):
     model.train()
     defer_sigterm(True)               # SIGTERM from now on: the loop saves its step, then stops
     while True:
-        if sigterm_pending():         # SIGTERM: save this step (with the interval's sums), exit 143
-            if run.sums.batches:
-                checkpoint(run, running=True)
+        if sigterm_pending():
             raise Terminated
         if run.sums.batches and (run.step % cfg.eval_every == 0 or run.step == cfg.steps):
-            try:
-                entry = evaluate(run, bar)
-            except Terminated:        # in the evaluation: the step is saved, the evaluation is not
-                checkpoint(run, running=True)
-                raise
+            entry = evaluate(run, bar)
             if run.diverged:          # the last checkpoint (finite weights) stays as it is
                 break
             bar.set_postfix({k: v for k, v in entry.items() if k not in ("step", "wall_s")})

@@ -63,9 +63,8 @@ def parse_args(argv=None, description=__doc__):
                     help="print the analysis of the checkpoint in --out and exit (retrieval: the "
                          "value-score table of paper Fig. 5)")
     ap.add_argument("--evaluate", action="store_true",
-                    help="evaluate the checkpoint in --out on every split and exit; --set "
-                         "n_steps_eval=N applies a shared-layer encoder N times (also with --plot, "
-                         "--analyze)")
+                    help="evaluate the checkpoint in --out on every split and exit (--set "
+                         "n_steps_eval=N: a shared-layer encoder applied N times)")
     ap.add_argument("--plot", action="store_true", help="draw what the checkpoint in --out learned "
                     "(attention maps, gates, value scores, relations) and the run's learning "
                     "curves into DIR/plots (needs matplotlib) and exit")
@@ -74,9 +73,8 @@ def parse_args(argv=None, description=__doc__):
                          "also draw the runs' learning curves side by side into "
                          "DIR/learning-curves.png")
     ap.add_argument("--example", action="append", default=[], metavar="TEXT",
-                    help="--plot this input instead of a fixed sample of test examples "
-                         "(repeatable): the task's text, e.g. ctl '101 d a b', lookup '100 t3 t1 "
-                         ".', scan 'jump twice'; object indices for sort, pairwise, set")
+                    help="--plot this input instead of test examples (repeatable): the task's text, "
+                         "e.g. ctl '101 d a b', scan 'jump twice'; object indices for sort, pairwise, set")
     ap.add_argument("--train-size", type=int,
                     help="sort, pairwise, set, mlu: training samples drawn from the train pool "
                          "(default: sort 500, pairwise 2015, set 2000, mlu 200000)")
@@ -93,7 +91,6 @@ def main(argv, train):
     # --help shows train.py's own docstring (what a user reads), not this file's
     args, where = parse_args(argv, sys.modules[train.__module__].__doc__), {"out": None}
     try:
-        # Ctrl-C and SIGTERM (a write in progress is abandoned, its old file kept), then below
         with handling_signals():
             return _main(args, where, train)
     except (UsageError, backend.DeviceError, Diverged) as e:   # Diverged: the loss is not finite

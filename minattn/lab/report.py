@@ -220,10 +220,10 @@ def _size_curves(runs):
             rows.setdefault(key, {}).setdefault(size, []).append((cfg.get("steps"), r["metrics"]["test"]))
     for key, curve in rows.items():
         for size, cell in curve.items():
-            if len({steps for steps, _ in cell}) > 1:
-                counts = sorted({steps for steps, _ in cell}, key=str)
+            budgets = sorted({steps for steps, _ in cell}, key=str)
+            if len(budgets) > 1:
                 warnings.append(f"warning: the learning curve of {json.loads(key)['model']} averages runs of "
-                                f"{size} examples with different step budgets ({counts})")
+                                f"{size} examples with different step budgets ({budgets})")
             curve[size] = [test for _, test in cell]
     rows = [(json.loads(k), curve) for k, curve in rows.items()]
     if all(len(curve) < 2 for _, curve in rows):   # no run spans sizes: the tables above say it all

@@ -44,8 +44,7 @@ FREE = ("steps", "device", "eval_every", "eval_batch_size")   # what a resume ma
 
 
 def refused(flat):
-    """The first of the settings ``flat`` ({setting: value}) RULES refuse, as (setting, what it must
-    be), or None."""
+    """The first (setting, what it must be) of ``flat`` ({setting: value}) that RULES refuse, or None."""
     return next(((k, what) for k, v in flat.items() for keys, ok, what in RULES
                  if v is not None and (keys is None or k in keys) and not ok(v)), None)
 
@@ -56,16 +55,15 @@ def make_config(task, model, preset="cpu", **overrides):
     keeps the preset's)."""
     recipe = recipe_for(task)
     recipe.check_names(task, model, preset)
-    types = field_types(recipe, model)
+    types = setting_types(task, model)
     unknown = sorted(k for k, v in overrides.items() if v is not None and k not in types)
     flags = [k for k in unknown if k in TASK_FLAGS]   # a task option's flag, for a task without it
     if flags:
-        having = [t for r in RECIPES for t in r.tasks if flags[0] in field_types(r, next(iter(r.models)))]
+        having = [t for r in RECIPES for t in r.tasks if flags[0] in setting_types(t)]
         raise UsageError(f"task {task} has no --{flags[0].replace('_', '-')} (the tasks with one: "
                          f"{', '.join(having)})")
     if unknown:
-        raise UsageError(f"unknown setting {unknown[0]!r}; valid: "
-                         f"{', '.join(sorted(k for k in types if k not in ('task', 'model', 'preset')))}")
+        raise UsageError(f"unknown setting {unknown[0]!r}; valid: {', '.join(sorted(types))}")
     options = set(fields(recipe.Options))
     with user_values():
         cfg = recipe.config(task, model, preset, **{k: v for k, v in overrides.items()
@@ -94,11 +92,9 @@ def setting_types(task, model=None):
     (when known): the fields of the run's config, of the task options and of the model's own."""
     recipe = recipe_for(task)
     types = field_types(recipe, model if model in recipe.models else next(iter(recipe.models)))
-    for name in ("task", "model", "preset"):   # not --set's to change
-        types.pop(name)
-    # a class, or its name under postponed annotations
+    # not --set's to change: task, model, preset; a type: a class, or its name (postponed annotations)
     return {k: {"int": int, "float": float, "bool": bool, "str": str}.get(getattr(t, "__name__", t), str)
-            for k, t in types.items()}
+            for k, t in types.items() if k not in ("task", "model", "preset")}
 
 
 # how --set reads a value of each type, what one looks like, and what a checkpoint may hold
