@@ -48,8 +48,8 @@ from minattn.lab.errors import Diverged, UsageError  # noqa: E402
 from minattn.lab.recipes import RECIPES, recipe_for  # noqa: E402, F401 (RECIPES: for scripts)
 from minattn.lab.recipes.base import optimizer, schedule, stop_early  # noqa: E402
 from minattn.lab.rundir import (CHECKPOINT, Terminated, append_line, defer_sigterm,  # noqa: E402, F401
-                                load_checkpoint, locked, repair_log, save_checkpoint, sigterm_pending,
-                                to_json, write_atomic)
+                                load_checkpoint, locked, repair_log, save_checkpoint, to_json,
+                                write_atomic)
 from minattn.lab.settings import (make_config, path_flags, resume_check,  # noqa: E402, F401
                                   user_values)   # (make_config: for scripts and the tests too)
 
@@ -169,10 +169,8 @@ def loop(run, progress):
     bar = tqdm(total=cfg.steps, initial=run.step, disable=not progress,
                desc=f"{cfg.task}/{cfg.model}", unit="step")
     model.train()
-    defer_sigterm(True)               # SIGTERM from now on: the loop saves its step, then stops
     while True:
-        if sigterm_pending():
-            raise Terminated
+        defer_sigterm(True)           # SIGTERM from now on waits for the end of the step, then stops
         if run.sums.batches and (run.step % cfg.eval_every == 0 or run.step == cfg.steps):
             entry = evaluate(run, bar)
             if run.diverged:          # the last checkpoint (finite weights) stays as it is

@@ -40,7 +40,7 @@ def handling_signals():
     """In the block (in the main thread), SIGINT raises KeyboardInterrupt and SIGTERM Terminated,
     unless ``defer_sigterm`` holds it back."""
     def on_signal(signum, frame):
-        if signum == signal.SIGTERM and _sigterm["deferred"]:   # the loop saves the step, stops
+        if signum == signal.SIGTERM and _sigterm["deferred"]:   # raised by the next defer_sigterm
             _sigterm["pending"] = True
         else:   # in a write, write_atomic removes its temporary file: the old file stays whole
             raise KeyboardInterrupt if signum == signal.SIGINT else Terminated
@@ -57,17 +57,13 @@ def handling_signals():
 
 
 def defer_sigterm(on):
-    """On (training steps): SIGTERM waits for the end of the step (``sigterm_pending()``), which the
-    loop saves, so a preempted run loses no step. Off (an evaluation, which may outlast a scheduler's
-    grace period; the end of training): SIGTERM raises, a pending one at once."""
+    """On (training steps): SIGTERM waits for the next call, at the end of the step, so that a
+    preempted run loses no step. Off (an evaluation, which may outlast a scheduler's grace period;
+    the end of training): SIGTERM raises at once. Either way a pending one raises Terminated now."""
     _sigterm["deferred"] = on
-    if not on and _sigterm["pending"]:
+    if _sigterm["pending"]:
         _sigterm["pending"] = False
         raise Terminated
-
-
-def sigterm_pending():
-    return _sigterm["pending"]
 
 
 # --- files: opened safely, replaced atomically ----------------------------------------------------
