@@ -17,8 +17,7 @@ modes that read a trained run are minattn/lab/cli.py, the settings by name minat
 the run directory's files minattn/lab/rundir.py.
 
 Model selection is each task's ``Selection`` (minattn/lab/recipes/base.py), e.g. the NDR paper's
-(docs/ndr.md §6): "iid" at the end of training, "test" at the evaluation with the best "valid"
-accuracy (ties go to the later one); results.json holds the metrics the recipe's evaluate() returns.
+(docs/ndr.md §6): "iid" at the end of training, "test" at the best "valid" evaluation (ties: the later).
 
 Randomness: parameters are initialised from ``--seed``; the data order comes from a NumPy generator
 seeded from it; the dropout masks of step k from ``RNG(seed).reseed(k)``. So ``--resume`` replays
@@ -103,15 +102,16 @@ def train(cfg, out_dir, resume=False, progress=True):
     results written to results.json. On ``resume``, ``cfg.steps`` and ``cfg.eval_every`` None mean
     the run's own."""
     backend.get_xp(cfg.device)         # a missing GPU fails here, before any work
-    with locked(out_dir), np.errstate(over="ignore", invalid="ignore", divide="ignore"):   # (the guard)
-        run = restore(cfg, out_dir, resume)
-        try:
-            loop(run, progress)
-        except Terminated:   # SIGTERM: the step it came in is saved with its interval's sums, exit 143
-            if run.sums.batches and not run.diverged:   # (an evaluation it cut short: the resume's)
-                checkpoint(run, running=True)
-            raise
-        return finish(run)
+    with locked(out_dir):
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):   # (the guard)
+            run = restore(cfg, out_dir, resume)
+            try:
+                loop(run, progress)
+            except Terminated:   # SIGTERM: the step it came in is saved with its interval's sums
+                if run.sums.batches and not run.diverged:   # (an evaluation it cut: the resume's)
+                    checkpoint(run, running=True)
+                raise
+            return finish(run)
 
 
 def restore(cfg, out_dir, resume):
@@ -141,7 +141,8 @@ def restore(cfg, out_dir, resume):
                              f"model: {e}") from None
         run.step, run.best, run.train_time = ckpt["step"], ckpt["best"], ckpt["train_time"]
         run.history, run.selected = ckpt["history"], ckpt["selected"]
-        run.last, r = ckpt["last"], ckpt.get("running")   # running: saved between evaluations (SIGTERM)
+        run.last = ckpt["last"]
+        r = ckpt.get("running")   # saved between evaluations (SIGTERM)
         if r:
             sums = {k: backend.to_device(v, cfg.device) for k, v in ckpt["running_sums"].items()}
             run.sums = Sums(sums["loss_sum"], sums["norm_sum"], {k: sums[f"stats/{k}"] for k in r["stats"]},
@@ -170,7 +171,7 @@ def loop(run, progress):
                desc=f"{cfg.task}/{cfg.model}", unit="step")
     model.train()
     while True:
-        defer_sigterm(True)           # SIGTERM from now on waits for the end of the step, then stops
+        defer_sigterm(True)           # SIGTERM waits for the end of the step, then stops the run
         if run.sums.batches and (run.step % cfg.eval_every == 0 or run.step == cfg.steps):
             entry = evaluate(run, bar)
             if run.diverged:          # the last checkpoint (finite weights) stays as it is

@@ -52,34 +52,30 @@ def parse_args(argv=None, description=__doc__):
                     help="continue the checkpoint in --out (or DIR) exactly, with the run's task, "
                          "model and settings (add --steps N to extend it)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="override any setting, e.g. --set d_model=64 --set n_steps=10 --set "
-                         "batching=random")
+                    help="override any setting, e.g. --set d_model=64 --set batching=random")
     ap.add_argument("--show-config", action="store_true", help="print the resolved run and model "
                     "configuration (marking what flags and --set changed) and exit")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--report", nargs="+", metavar="DIR",
                     help="print a markdown table of finished runs (mean ± std over seeds) and exit")
     ap.add_argument("--analyze", action="store_true",
-                    help="print the analysis of the checkpoint in --out and exit (retrieval: the "
-                         "value-score table of paper Fig. 5)")
+                    help="print the analysis of --out's checkpoint (retrieval: paper Fig. 5) and exit")
     ap.add_argument("--evaluate", action="store_true",
                     help="evaluate the checkpoint in --out on every split and exit (--set "
                          "n_steps_eval=N: a shared-layer encoder applied N times)")
     ap.add_argument("--plot", action="store_true", help="draw what the checkpoint in --out learned "
-                    "(attention maps, gates, value scores, relations) and the run's learning "
-                    "curves into DIR/plots (needs matplotlib) and exit")
+                    "and the run's learning curves into DIR/plots (needs matplotlib) and exit")
     ap.add_argument("--plot-dir", metavar="DIR",
                     help="--plot: write the PNGs to DIR (default: the run's plots/); --report: "
-                         "also draw the runs' learning curves side by side into "
-                         "DIR/learning-curves.png")
+                         "also draw the runs' learning curves into DIR/learning-curves.png")
     ap.add_argument("--example", action="append", default=[], metavar="TEXT",
-                    help="--plot this input instead of test examples (repeatable): the task's text, "
-                         "e.g. ctl '101 d a b', scan 'jump twice'; object indices for sort, pairwise, set")
+                    help="--plot this input, not test examples (repeatable): the task's text, e.g. "
+                         "ctl '101 d a b', scan 'jump twice'; object indices for sort, pairwise, set")
     ap.add_argument("--train-size", type=int,
-                    help="sort, pairwise, set, mlu: training samples drawn from the train pool "
-                         "(default: sort 500, pairwise 2015, set 2000, mlu 200000)")
+                    help="sort, pairwise, set, mlu: training samples drawn from the train pool")
     ap.add_argument("--searches", type=int, help="retrieval: ground-truth searches S (default 2)")
-    ap.add_argument("--retrievals", type=int, help="retrieval: ground-truth retrievals R (default 4)")
+    ap.add_argument("--retrievals", type=int,
+                    help="retrieval: ground-truth retrievals R (default 4)")
     ap.add_argument("--ood", action="store_true", default=None,
                     help="retrieval: train on 80%% of the combinations of retrieval choices; "
                          "ood_l1 is then out of distribution")
@@ -87,7 +83,7 @@ def parse_args(argv=None, description=__doc__):
 
 
 def main(argv, train):
-    """train.py's main: ``train(cfg, out_dir, resume, progress)`` is its loop, returning the results."""
+    """train.py's main: ``train(cfg, out_dir, resume, progress)`` is its loop."""
     # --help shows train.py's own docstring (what a user reads), not this file's
     args, where = parse_args(argv, sys.modules[train.__module__].__doc__), {"out": None}
     try:
@@ -145,8 +141,8 @@ def _main(args, where, train):
         report(args.report, args.plot_dir)
         return 0
     device = "cpu" if args.device is None else args.device
-    if args.analyze or args.evaluate:   # --evaluate: the weights of the last evaluation, which need
-        recipe, model, step = _load_run(args.out, device, args.set)   # not be results.json's selected one
+    if args.analyze or args.evaluate:   # --evaluate: the last evaluation's weights, not
+        recipe, model, step = _load_run(args.out, device, args.set)   # results.json's selected ones
         with user_values():   # --analyze: e.g. the CRT value-score table, paper Fig. 5
             print(recipe.analyze(model) if args.analyze else json.dumps(to_json(
                 {"step": step, "settings": args.set, "metrics": recipe.evaluate(model)})))
@@ -209,7 +205,7 @@ def resolve(args):
     device = saved.pop("device", None) or "cpu"   # a resume's: the run's (null, hand-made: the CPU)
     if args.device is not None:
         device = args.device
-    elif device == "gpu":   # a GPU run continues on the GPU (on the CPU: slower, and not bit for bit)
+    elif device == "gpu":   # a GPU run continues on the GPU (not bit for bit on the CPU)
         try:
             backend.get_xp("gpu")
         except backend.DeviceError as e:
@@ -219,10 +215,9 @@ def resolve(args):
         raise UsageError(f"unknown device {device!r}; valid devices: cpu, gpu")
     flags = {k: getattr(args, k) for k in SETTING_FLAGS if getattr(args, k) is not None}
     sets = parse_settings(args.set, task, model)
-    for key in (k for k in sets if k in flags):   # --set lr=… is the same as --lr …
-        if sets[key] != flags[key]:
-            raise UsageError(f"--set {key}={sets[key]} contradicts --{key.replace('_', '-')} "
-                             f"{flags[key]}")
+    for key in (k for k in sets if k in flags and sets[k] != flags[k]):   # --set lr=… is --lr …
+        raise UsageError(f"--set {key}={sets[key]} contradicts --{key.replace('_', '-')} "
+                         f"{flags[key]}")
     given = {**saved, **flags, **sets}
     cfg = make_config(task, model, preset, device=device, **given)
     refuse_unread(cfg, sets)
@@ -291,15 +286,14 @@ def plot(out_dir, device="cpu", texts=(), task=None, model=None, settings=(), pl
         raise UsageError(f"{plot_dir} is a link or a file, not a directory for the pictures "
                          "(choose --plot-dir)")
     recipe, net, _ = _load_run(out_dir, device, settings)
-    for flag, given, saved in (("--task", task, recipe.cfg.task),
-                               ("--model", model, recipe.cfg.model)):
-        if given is not None and given != saved:
+    for flag, given in (("task", task), ("model", model)):   # when given, the checkpoint's
+        if given not in (None, getattr(recipe.cfg, flag)):
             raise UsageError(f"{out_dir} holds a {recipe.cfg.task} / {recipe.cfg.model} "
-                             f"checkpoint, not {flag} {given}")
+                             f"checkpoint, not --{flag} {given}")
     with user_values():
         pictures = recipe.plot_examples(net, list(texts))
     pictures += run_curves(out_dir)   # metrics.jsonl against the step, the selected step marked
-    writes_into = plot_dir if os.path.isdir(plot_dir) else out_dir   # (permissions, a read-only disk)
+    writes_into = plot_dir if os.path.isdir(plot_dir) else out_dir   # (permission, read-only disk)
     if default_dir and not (os.access(writes_into, os.W_OK)
                             and not os.statvfs(writes_into).f_flag & os.ST_RDONLY):
         raise UsageError(f"cannot write the pictures into {plot_dir} (read-only): choose "

@@ -1,7 +1,6 @@
-"""The report of finished runs (``train.py --report``): one row per run directory (results.json, or the
-checkpoint of a run that has not finished), means ± sample std over seeds, and learning curves over the
-step (viz.learning_curves, also for ``--plot``) and over training-set sizes. What it cannot read it skips,
-naming why.
+"""The report of finished runs (``train.py --report``): a row per run directory (results.json, or the
+checkpoint of an unfinished run), means ± sample std over seeds, learning curves over the step (also for
+``--plot``) and over training-set sizes. What it cannot read it skips, naming why.
 """
 import contextlib
 import json
@@ -15,7 +14,6 @@ from .errors import UsageError
 from .rundir import CHECKPOINT, _number, load_checkpoint, open_regular, read_log, settings
 
 
-# the fields of results.json the report reads, and their types
 REPORT_FIELDS = {"task": str, "model": str, "preset": str, "seed": int, "steps": int, "metrics": dict,
                  "best_step": (int, type(None)), "wall_s": (int, float),
                  "ms_per_step": (int, float, type(None)), "config": dict}
@@ -42,8 +40,9 @@ def finished_run(d):
     if missing:
         raise UsageError(f"{d}: results.json lacks {', '.join(sorted(missing))}")
     wrong = [k for k, kind in REPORT_FIELDS.items() if not isinstance(r[k], kind) or isinstance(r[k], bool)]
-    wrong = wrong or [f"metrics.{k}" for k, v in r["metrics"].items() if v is not None and not _number(v)] + [
-        f"config.{k}" for k in ("model_config", "options") if not isinstance(r["config"].get(k) or {}, dict)]
+    wrong += [f"metrics.{k}" for k, v in r["metrics"].items() if v is not None and not _number(v)]
+    wrong += [f"config.{k}" for k in ("model_config", "options")
+              if not isinstance(r["config"].get(k) or {}, dict)]
     if wrong:
         raise UsageError(f"{d}: results.json is malformed ({', '.join(wrong)} of the wrong type)")
     try:
@@ -211,7 +210,8 @@ def _size_curves(runs):
     Settings that tell two rows of one model apart (e.g. ``init keras``) are named in the row."""
     rows, warnings = {}, []
     for r in runs:
-        cfg = settings(r["config"])   # the run's identity (as in the rows above): its settings by name
+        # the run's identity (as in the rows above): its settings by name
+        cfg = settings(r["config"])
         size = cfg.pop("train_size", None)
         if size and isinstance(r["metrics"].get("test"), float):
             # the step count follows from the size (epochs of it), so it does not tell curves apart

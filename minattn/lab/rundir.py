@@ -178,8 +178,7 @@ def to_json(obj):
 
 def save_checkpoint(path, metadata, params, opt_state, selected=None, running=None):
     """``params``, ``selected`` (at the selected evaluation): {name: array}; ``opt_state``: the
-    optimizer's state_dict; ``running``: the sums of the evaluation interval in progress (train.Sums,
-    a tuple in its field order).
+    optimizer's state_dict; ``running``: train.Sums as a tuple, the sums of the interval in progress.
     No RNG state: a run's random streams are functions of its seed and the step."""
     states = dict(zip(params, opt_state["state"]))
     arrays = {f"model/{k}": v for k, v in params.items()}
@@ -240,24 +239,25 @@ _METADATA = {   # what each field must be (docs/checkpoints.md), and what the me
 def load_checkpoint(path, arrays=True):
     """The checkpoint at ``path``: its metadata, "model" and "selected" ({name: array}), "optimizer"
     (a state_dict), "running_sums" ({name: array}); ``arrays=False``: its metadata alone. What
-    save_checkpoint would not write is one line naming it, and so is an older minattn's checkpoint."""
+    save_checkpoint would not write is one line naming it; so is an older minattn's checkpoint."""
     out_dir = os.path.dirname(path) or "."
     if not os.path.exists(path):
         if os.path.exists(os.path.join(out_dir, "checkpoint.pkl")):
             raise UsageError(OLDER.format(out_dir, "it holds checkpoint.pkl"))
-        raise UsageError(f"{out_dir} holds no {CHECKPOINT} (is it a run directory? train there first)")
+        raise UsageError(f"{out_dir} holds no {CHECKPOINT} (is it a run directory? train there "
+                         "first)")
     with open_regular(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         try:
             with np.load(f, allow_pickle=False) as z:
-                declared = sum(i.file_size for i in z.zip.infolist())   # a zip bomb: GB in kB, refused
+                declared = sum(i.file_size for i in z.zip.infolist())   # a zip bomb: GB in kB
                 if declared > 2 * size + (1 << 20):
                     raise corrupted(path, f"its members declare {declared} bytes in a file of {size}")
                 members = {k: z[k] for k in z.files if arrays or k == "metadata"}
             ckpt = json.loads(str(members.pop("metadata")))
         except UsageError:
             raise
-        except Exception as e:   # not a zip, truncated, a bad header, a pickle, no metadata, not JSON
+        except Exception as e:   # not a zip, truncated, a pickle, no metadata, not JSON
             raise UsageError(f"checkpoint {path} is corrupted or unreadable ({e.__class__.__name__})") \
                 from None
     if not isinstance(ckpt, dict):
@@ -275,18 +275,21 @@ def load_checkpoint(path, arrays=True):
             raise corrupted(path, f"{key}: expected {what}" if key in ckpt else f"it lacks {key}")
     if not arrays:
         return ckpt
-    names, r = ckpt.pop("parameters"), ckpt.get("running")   # running: the sums of an interval in progress
+    names = ckpt.pop("parameters")
+    r = ckpt.get("running")   # the sums of an evaluation interval in progress (on SIGTERM)
     running = {k[8:]: members.pop(k) for k in [k for k in members if k.startswith("running/")]}
     if (r is not None or running) and not (
             _object(r) and _int(r.get("seen")) and _int(r.get("n_batches")) and r["n_batches"] > 0
             and isinstance(r.get("stats"), list)
             and set(running) == {"loss_sum", "norm_sum", *(f"stats/{k}" for k in r["stats"])}
-            and all(v.ndim == 0 and v.dtype.kind in "fiu" and np.isfinite(v) for v in running.values())):
+            and all(v.ndim == 0 and v.dtype.kind in "fiu" and np.isfinite(v)
+                    for v in running.values())):
         raise corrupted(path, "running: expected the sums of the interval in progress")
     part = {"model": {}, "selected": {}, "optimizer": {}}
     for k, v in members.items():
         kind, _, name = k.partition("/")
-        if kind not in part or (name.rpartition("/")[0] if kind == "optimizer" else name) not in names:
+        owner = name.rpartition("/")[0] if kind == "optimizer" else name
+        if kind not in part or owner not in names:
             raise corrupted(path, f"{k}: an array of no parameter")
         if v.dtype != np.float32 or v.ndim == 0:   # train.py's parameters and Adam's moments
             raise corrupted(path, f"{k}: {v.dtype} {v.shape}, expected float32 arrays")

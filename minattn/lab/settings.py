@@ -1,4 +1,4 @@
-"""A run's settings by name, where the recipes are asked what a setting is: what ``--set`` may change
+"""A run's settings by name (the recipes say what a setting is): what ``--set`` may change
 (the fields of the run's config, of the task options and of the model's own), what a run refuses,
 and a checkpoint's configuration checked against them before ``--resume`` or ``--evaluate`` use it.
 """
@@ -19,15 +19,16 @@ from .rundir import CHECKPOINT, _int, _number, corrupted, load_checkpoint, setti
 
 @contextlib.contextmanager
 def user_values():
-    """Bad user values, found where they are used (a recipe's hooks, the models, the data), raise
-    ValueError: here, and only here, that becomes a UsageError, one line for the user."""
+    """A ValueError (a bad user value, found where it is used: a hook, a model, the data) becomes a
+    UsageError, one line for the user, here and only here."""
     try:
         yield
     except ValueError as e:
         raise UsageError(str(e)) from None
 
 
-TASK_FLAGS = ("split", "train_size", "searches", "retrievals", "ood")   # task options with a flag
+# task options with a flag of their own
+TASK_FLAGS = ("split", "train_size", "searches", "retrievals", "ood")
 # settings that count applications of a layer or layers: bounded, so that no run goes on forever
 LOOPS = ("n_steps", "n_steps_eval", "n_layers", "n_encoder_layers", "n_decoder_layers",
          "n_abstractor_layers")
@@ -40,11 +41,11 @@ RULES = (
     (("weight_decay", "grad_clip"), lambda v: v >= 0, "≥ 0"),   # 0 switches them off
     (LOOPS, lambda v: v <= MAX_LOOPS, f"{MAX_LOOPS:,} or fewer (applications or layers)"),
 )
-FREE = ("steps", "device", "eval_every", "eval_batch_size")   # what a resume may change: the rest is the run
+FREE = ("steps", "device", "eval_every", "eval_batch_size")   # a resume may change these
 
 
 def refused(flat):
-    """The first (setting, what it must be) of ``flat`` ({setting: value}) that RULES refuse, or None."""
+    """The first (setting, what it must be) in ``flat`` that RULES refuse, or None."""
     return next(((k, what) for k, v in flat.items() for keys, ok, what in RULES
                  if v is not None and (keys is None or k in keys) and not ok(v)), None)
 
@@ -57,7 +58,8 @@ def make_config(task, model, preset="cpu", **overrides):
     recipe.check_names(task, model, preset)
     types = setting_types(task, model)
     unknown = sorted(k for k, v in overrides.items() if v is not None and k not in types)
-    flags = [k for k in unknown if k in TASK_FLAGS]   # a task option's flag, for a task without it
+    # a task option given as its flag to a task without it
+    flags = [k for k in unknown if k in TASK_FLAGS]
     if flags:
         having = [t for r in RECIPES for t in r.tasks if flags[0] in setting_types(t)]
         raise UsageError(f"task {task} has no --{flags[0].replace('_', '-')} (the tasks with one: "
@@ -81,7 +83,8 @@ def make_config(task, model, preset="cpu", **overrides):
     if cfg.seed < 0:
         raise UsageError(f"--seed must be ≥ 0, got {cfg.seed}")
     if max(cfg.batch_size or 0, cfg.eval_batch_size) > 2 ** 20:   # before gigabytes are allocated
-        raise UsageError(f"batch sizes above {2 ** 20:,} are refused (the presets' largest is 2,048)")
+        raise UsageError(f"batch sizes above {2 ** 20:,} are refused (the presets' largest is "
+                         "2,048)")
     return cfg
 
 
@@ -92,7 +95,7 @@ def setting_types(task, model=None):
     (when known): the fields of the run's config, of the task options and of the model's own."""
     recipe = recipe_for(task)
     types = field_types(recipe, model if model in recipe.models else next(iter(recipe.models)))
-    # not --set's to change: task, model, preset; a type: a class, or its name (postponed annotations)
+    # not --set's: task, model, preset; a type: a class, or its name (postponed annotations)
     return {k: {"int": int, "float": float, "bool": bool, "str": str}.get(getattr(t, "__name__", t), str)
             for k, t in types.items() if k not in ("task", "model", "preset")}
 
@@ -112,7 +115,8 @@ def parse_settings(items, task, model, allowed=None):
         key, eq, text = item.partition("=")
         if not eq:
             raise UsageError(f"--set expects KEY=VALUE, got {item!r}")
-        if key in ("task", "model", "preset", "device"):   # they choose the settings, or where
+        # they choose the settings --set changes, or where
+        if key in ("task", "model", "preset", "device"):
             raise UsageError(f"--set {item}: use --{key} {text} instead")
         if allowed is not None and key not in allowed:
             raise UsageError(f"--set {item}: a trained run takes only "
@@ -159,8 +163,7 @@ UNREAD = {
                             "rca_residual", "attend_a1", "coda_alpha", "coda_beta", "coda_gate",
                             "coda_center_e", "coda_scale", "coda_composition"),
 }
-# settings a model reads only under another setting's value: the Abstractor's symbols (symbolic
-# attention)
+# settings read only under another setting's value (the Abstractor's symbolic attention)
 CONDITIONAL = {"n_library": ("symbols", "symbolic")}
 
 
@@ -184,7 +187,7 @@ def refuse_unread(cfg, sets):
 
 def saved_settings(ckpt, path):
     """The checkpoint's configuration as flat {setting: value}, each value checked as a --set of it
-    would be (its type, RULES): an edited configuration is refused here rather than failing later."""
+    would be (its type, RULES): an edited configuration is refused here, not later."""
     flat = settings(ckpt["config"])
     types = setting_types(flat["task"], flat["model"])
     for key, value in flat.items():
@@ -205,9 +208,8 @@ def path_flags(device="cpu"):
 
 
 def resume_check(cfg, out_dir):
-    """The checkpoint in out_dir, checked for a --resume with ``cfg``: whole (the optimizer state of
-    every parameter that had a gradient: else the resume could not continue bit for bit) and written
-    by this run; ``cfg.steps`` and ``cfg.eval_every`` None become the run's own."""
+    """The checkpoint in out_dir, checked for a --resume with ``cfg``: whole (optimizer state too)
+    and written by this run; ``cfg.steps`` and ``cfg.eval_every`` None become the run's own."""
     path = os.path.join(out_dir, CHECKPOINT)
     ckpt = load_checkpoint(path)
     opt, names = ckpt["optimizer"], ckpt["parameters"]
