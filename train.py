@@ -17,8 +17,7 @@ modes that read a trained run are minattn/lab/cli.py, the settings by name minat
 the run directory's files minattn/lab/rundir.py.
 
 Model selection is each task's ``Selection`` (minattn/lab/recipes/base.py), e.g. the NDR paper's
-(docs/ndr.md §6): "iid" at the end of training, "test" at the evaluation with the best "valid"
-accuracy (ties go to the later one); results.json holds the metrics the recipe's evaluate() returns.
+(docs/ndr.md §6): "iid" at the end of training, "test" at the best "valid" evaluation (ties: the later).
 
 Randomness: parameters are initialised from ``--seed``; the data order comes from a NumPy generator
 seeded from it; the dropout masks of step k from ``RNG(seed).reseed(k)``. So ``--resume`` replays
@@ -47,10 +46,9 @@ from minattn.lab import cli  # noqa: E402
 from minattn.lab.errors import Diverged, UsageError  # noqa: E402
 from minattn.lab.recipes import RECIPES, recipe_for  # noqa: E402, F401 (RECIPES: for scripts)
 from minattn.lab.recipes.base import optimizer, schedule, stop_early  # noqa: E402
-from minattn.lab.rundir import (CHECKPOINT, Terminated, append_line, identity,  # noqa: E402, F401
-                                load_checkpoint, locked, missing_top, remove_empty, repair_log,
-                                running_sums, save_checkpoint, stop_at_step_end, stopping_at_once,
-                                terminated, to_json, write_atomic)
+from minattn.lab.rundir import (CHECKPOINT, Terminated, append_line, defer_sigterm,  # noqa: E402, F401
+                                load_checkpoint, locked, repair_log, save_checkpoint, to_json,
+                                write_atomic)
 from minattn.lab.settings import (make_config, path_flags, resume_check,  # noqa: E402, F401
                                   user_values)   # (make_config: for scripts and the tests too)
 
@@ -59,8 +57,7 @@ from minattn.lab.settings import (make_config, path_flags, resume_check,  # noqa
 class Sums:
     """The training numbers of the steps since the last evaluation, summed where they are: on the
     device, read only when logged. The divergence guard reads them then too, rather than syncing
-    every step: a NaN or inf stays in a sum until it is read. (A checkpoint stores them in this
-    order: rundir.save_checkpoint.)"""
+    every step: a NaN or inf stays in a sum until it is read."""
     loss: object = 0.0
     norm: object = 0.0                 # of the gradients, before clipping (0 without clipping)
     stats: dict = dataclasses.field(default_factory=dict)   # the recipe's, e.g. correct predictions
@@ -105,18 +102,16 @@ def train(cfg, out_dir, resume=False, progress=True):
     results written to results.json. On ``resume``, ``cfg.steps`` and ``cfg.eval_every`` None mean
     the run's own."""
     backend.get_xp(cfg.device)         # a missing GPU fails here, before any work
-    created = missing_top(out_dir)     # the first directory of out_dir this run creates, if any
     with locked(out_dir):
-        try:
-            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):   # (the guard)
-                run = restore(cfg, out_dir, resume)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):   # (the guard)
+            run = restore(cfg, out_dir, resume)
+            try:
                 loop(run, progress)
-                return finish(run)
-        except (UsageError, MemoryError):   # refused before anything was written: leave no trace
-            if created and os.listdir(out_dir) == ["lock"]:
-                os.remove(os.path.join(out_dir, "lock"))
-                remove_empty(out_dir, created)
-            raise
+            except Terminated:   # SIGTERM: the step it came in is saved with its interval's sums
+                if run.sums.batches and not run.diverged:   # (an evaluation it cut: the resume's)
+                    checkpoint(run, running=True)
+                raise
+            return finish(run)
 
 
 def restore(cfg, out_dir, resume):
@@ -147,7 +142,11 @@ def restore(cfg, out_dir, resume):
         run.step, run.best, run.train_time = ckpt["step"], ckpt["best"], ckpt["train_time"]
         run.history, run.selected = ckpt["history"], ckpt["selected"]
         run.last = ckpt["last"]
-        run.sums = Sums(*running_sums(ckpt, cfg.device))   # saved between evaluations (SIGTERM)
+        r = ckpt.get("running")   # saved between evaluations (SIGTERM)
+        if r:
+            sums = {k: backend.to_device(v, cfg.device) for k, v in ckpt["running_sums"].items()}
+            run.sums = Sums(sums["loss_sum"], sums["norm_sum"], {k: sums[f"stats/{k}"] for k in r["stats"]},
+                            r["seen"], r["n_batches"])
         repair_log(run.log_path, run.history, run.step)
     elif os.path.exists(run.log_path):
         os.remove(run.log_path)
@@ -164,26 +163,17 @@ def restore(cfg, out_dir, resume):
 def loop(run, progress):
     """Train up to ``cfg.steps``: batches → loss → backward → clip → AdamW step; every
     ``eval_every`` steps (and after the last) an evaluation, a line in the log and a checkpoint.
-    SIGTERM stops the loop at the end of its step, which is saved first (in an evaluation: at once,
-    and the step is saved without it, so that the resume evaluates it); a loss that is not finite
-    stops the loop at the next evaluation."""
+    SIGTERM stops the loop at the end of its step (in an evaluation: at once), which ``train``
+    saves; a loss that is not finite stops the loop at the next evaluation."""
     cfg, recipe, model, opt = run.cfg, run.recipe, run.model, run.opt
     rng = backend.RNG(cfg.seed, cfg.device)
     bar = tqdm(total=cfg.steps, initial=run.step, disable=not progress,
                desc=f"{cfg.task}/{cfg.model}", unit="step")
     model.train()
-    stop_at_step_end(True)            # SIGTERM from now on: the loop saves its step, then stops
     while True:
-        if terminated():              # SIGTERM: save this step (with the interval's sums), exit 143
-            if run.sums.batches:
-                checkpoint(run, running=True)
-            raise Terminated
+        defer_sigterm(True)           # SIGTERM waits for the end of the step, then stops the run
         if run.sums.batches and (run.step % cfg.eval_every == 0 or run.step == cfg.steps):
-            try:
-                entry = evaluate(run, bar)
-            except Terminated:        # in the evaluation: the step is saved, the evaluation is not
-                checkpoint(run, running=True)
-                raise
+            entry = evaluate(run, bar)
             if run.diverged:          # the last checkpoint (finite weights) stays as it is
                 break
             bar.set_postfix({k: v for k, v in entry.items() if k not in ("step", "wall_s")})
@@ -205,7 +195,7 @@ def loop(run, progress):
         run.sums.add(loss.data, norm, stats, n)
         run.train_time += time.perf_counter() - t0
         bar.update(1)
-    stop_at_step_end(False)           # (a SIGTERM after the last step stops the run here)
+    defer_sigterm(False)              # (a SIGTERM after the last step stops the run here)
     bar.close()
 
 
@@ -223,9 +213,10 @@ def evaluate(run, bar):
     if not run.diverged:
         bar.set_postfix_str("evaluating…", refresh=True)   # or the bar looks frozen meanwhile
         run.model.eval()              # with eval_mode() in the recipes: dropout off either way
-        with stopping_at_once():      # SIGTERM: the evaluation (a minute, maybe) is abandoned
-            entry.update(run.recipe.log_extra(run.model))
-            run.last = run.recipe.evaluate(run.model)
+        defer_sigterm(False)          # SIGTERM: the evaluation (a minute, maybe) is abandoned
+        entry.update(run.recipe.log_extra(run.model))
+        run.last = run.recipe.evaluate(run.model)
+        defer_sigterm(True)
         entry.update(run.last)
         run.model.train()
     entry["wall_s"] = round(run.train_time, 1)
@@ -245,7 +236,7 @@ def checkpoint(run, running=False):
     """Save the run atomically; ``running``: with the sums of the evaluation interval so far."""
     cfg = run.cfg
     save_checkpoint(os.path.join(run.out_dir, CHECKPOINT),
-                    {"identity": identity(cfg), "config": dataclasses.asdict(cfg),
+                    {"config": dataclasses.asdict(cfg),
                      "step": run.step, "best": run.best, "last": run.last,
                      "train_time": run.train_time, "history": run.history,
                      **path_flags(cfg.device)},   # the path it trains on: see settings.resume_check

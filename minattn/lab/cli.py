@@ -1,15 +1,7 @@
-"""train.py's command line: the loop is train.py's; this file turns flags into a run configuration
-and runs the modes that read a trained run instead of training one.
-
-    python train.py --task ctl --model ndr                 # the cpu preset (fits ~30 min on 2 cores)
-    python train.py --task ctl --model ndr --preset paper --device gpu
-    python train.py --task arith --model transformer --steps 2000 --set d_model=128 --out runs/arith
-    python train.py --resume runs/ctl-ndr-cpu-s0           # continue an interrupted run exactly
-    python train.py --evaluate --out runs/ctl-ndr-cpu-s0   # also --plot, --analyze; --report DIR...
-
-A run's settings come from four places, merged in one pass in this order by ``resolve``: the recipe's
-preset, on ``--resume`` the checkpoint's, the flags, then ``--set KEY=VALUE`` (minattn/lab/settings.py
-types them). Bad input is one line ``error: ...`` and exit code 2; a run whose loss is not finite
+"""train.py's command line (its usage: train.py's docstring): the loop is train.py's; this file
+turns flags into a run configuration and runs the modes that read a trained run (--evaluate,
+--plot, --analyze) or finished ones (--report DIR...); a run's settings are merged in one pass
+(``resolve``). Bad input is one line ``error: ...`` and exit code 2; a run whose loss is not finite
 exits 3; Ctrl-C 130 and SIGTERM 143, abandoning a write in progress (minattn/lab/rundir.py).
 """
 import argparse
@@ -26,9 +18,9 @@ from .errors import Diverged, UsageError
 from .recipes import RECIPES, recipe_for
 from .recipes.base import schedule
 from .report import report, run_curves
-from .rundir import CHECKPOINT, Terminated, handling_signals, load_checkpoint, to_json, writable
+from .rundir import CHECKPOINT, Terminated, handling_signals, load_checkpoint, to_json
 from .settings import (TASK_FLAGS, make_config, parse_settings, refuse_unread, resume_check,
-                       resume_device, resume_settings, saved_settings, user_values)
+                       saved_settings, user_values)
 
 
 # --- the command line ---------------------------------------------------------------------------
@@ -44,10 +36,8 @@ def parse_args(argv=None, description=__doc__):
     ap.add_argument("--model", help="one of: " + ", ".join(models) + " (default ndr)")
     ap.add_argument("--split", help="scan: the split, e.g. filler0, length, length_cutoff_26 (all: "
                     "SCAN_SPLITS in minattn/data/seq2attn.py)")
-    ap.add_argument("--device",
-                    help="cpu (default) or gpu (needs CuPy: make venv DEVICE=gpu, or pip install "
-                         "-e '.[gpu]'; see README \"On a GPU\"); a --resume keeps the run's unless "
-                         "given")
+    ap.add_argument("--device", help="cpu (default) or gpu (needs CuPy: README \"On a GPU\"); a "
+                    "--resume keeps the run's unless given")
     ap.add_argument("--preset", help="cpu (default; ~30 min on 2 cores) or paper (the paper's "
                     "hyperparameters, for a GPU); a --resume keeps the run's")
     ap.add_argument("--steps", type=int, help="optimizer steps (default: the preset's)")
@@ -56,45 +46,33 @@ def parse_args(argv=None, description=__doc__):
     ap.add_argument("--seed", type=int, help="seed of initialisation, data order and dropout "
                     "(default 0)")
     ap.add_argument("--eval-every", type=int, help="evaluate and checkpoint every N steps")
-    ap.add_argument("--out",
-                    help="run directory (default: runs/TASK-MODEL-PRESET-sSEED, the task tagged "
-                         "with --split, --train-size, --searches, --retrievals and --ood when "
-                         "given)")
+    ap.add_argument("--out", help="run directory (default: runs/TASK-MODEL-PRESET-sSEED, the task "
+                    "tagged with the data's flags, e.g. --split, when given)")
     ap.add_argument("--resume", nargs="?", const=True, default=False, metavar="DIR",
-                    help="continue the checkpoint in --out (or DIR) exactly; without "
-                         "--task/--model the run's task, model and settings come from the "
-                         "checkpoint (add --steps N to extend it)")
+                    help="continue the checkpoint in --out (or DIR) exactly, with the run's task, "
+                         "model and settings (add --steps N to extend it)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="override any setting, e.g. --set d_model=64 --set n_steps=10 --set "
-                         "batching=random")
+                    help="override any setting, e.g. --set d_model=64 --set batching=random")
     ap.add_argument("--show-config", action="store_true", help="print the resolved run and model "
                     "configuration (marking what flags and --set changed) and exit")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--report", nargs="+", metavar="DIR",
-                    help="print a markdown table of finished runs (and mean ± std over the seeds "
-                         "of one experiment) and exit")
+                    help="print a markdown table of finished runs (mean ± std over seeds) and exit")
     ap.add_argument("--analyze", action="store_true",
-                    help="print the analysis of the checkpoint in --out and exit (retrieval: the "
-                         "value-score table of paper Fig. 5)")
+                    help="print the analysis of --out's checkpoint (retrieval: paper Fig. 5) and exit")
     ap.add_argument("--evaluate", action="store_true",
-                    help="evaluate the checkpoint in --out on every split and exit; --set "
-                         "n_steps_eval=N applies a shared-layer encoder N times (also with --plot, "
-                         "--analyze)")
+                    help="evaluate the checkpoint in --out on every split and exit (--set "
+                         "n_steps_eval=N: a shared-layer encoder applied N times)")
     ap.add_argument("--plot", action="store_true", help="draw what the checkpoint in --out learned "
-                    "(attention maps, gates, value scores, relations) and the run's learning "
-                    "curves into DIR/plots and exit; PNGs need matplotlib (pip install -e "
-                    "'.[plot]' or pip install matplotlib)")
+                    "and the run's learning curves into DIR/plots (needs matplotlib) and exit")
     ap.add_argument("--plot-dir", metavar="DIR",
                     help="--plot: write the PNGs to DIR (default: the run's plots/); --report: "
-                         "also draw the runs' learning curves side by side into "
-                         "DIR/learning-curves.png")
+                         "also draw the runs' learning curves into DIR/learning-curves.png")
     ap.add_argument("--example", action="append", default=[], metavar="TEXT",
-                    help="--plot this input instead of a fixed sample of test examples "
-                         "(repeatable): the task's text, e.g. ctl '101 d a b', lookup '100 t3 t1 "
-                         ".', scan 'jump twice'; object indices for sort, pairwise, set")
+                    help="--plot this input, not test examples (repeatable): the task's text, e.g. "
+                         "ctl '101 d a b', scan 'jump twice'; object indices for sort, pairwise, set")
     ap.add_argument("--train-size", type=int,
-                    help="sort, pairwise, set, mlu: training samples drawn from the train pool "
-                         "(default: sort 500, pairwise 2015, set 2000, mlu 200000)")
+                    help="sort, pairwise, set, mlu: training samples drawn from the train pool")
     ap.add_argument("--searches", type=int, help="retrieval: ground-truth searches S (default 2)")
     ap.add_argument("--retrievals", type=int,
                     help="retrieval: ground-truth retrievals R (default 4)")
@@ -105,17 +83,15 @@ def parse_args(argv=None, description=__doc__):
 
 
 def main(argv, train):
-    """train.py's main: ``train`` is its loop, ``train(cfg, out_dir, resume, progress)`` → the
-    results."""
+    """train.py's main: ``train(cfg, out_dir, resume, progress)`` is its loop."""
     # --help shows train.py's own docstring (what a user reads), not this file's
     args, where = parse_args(argv, sys.modules[train.__module__].__doc__), {"out": None}
     try:
-        # Ctrl-C and SIGTERM (a write in progress is abandoned, its old file kept), then below
         with handling_signals():
             return _main(args, where, train)
-    except (UsageError, backend.DeviceError) as e:
+    except (UsageError, backend.DeviceError, Diverged) as e:   # Diverged: the loss is not finite
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return 3 if isinstance(e, Diverged) else 2
     # `train.py --report runs/* | head`: the reader left; not an error of ours
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -130,9 +106,6 @@ def main(argv, train):
         print(f"error: not enough memory ({e or 'MemoryError'}); choose smaller sizes (d_model, "
               "d_ff, n_steps, --batch-size)", file=sys.stderr)
         return 2
-    except Diverged as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 3
     except (KeyboardInterrupt, Terminated) as e:
         out = where["out"]
         kept = out and os.path.exists(os.path.join(out, CHECKPOINT))
@@ -144,43 +117,8 @@ def main(argv, train):
 
 
 def _main(args, where, train):
-    """main() without its error handling; ``where["out"]``: the run directory, once training
-    starts."""
-    _check_flags(args)
-    if args.report:
-        report(args.report, args.plot_dir)
-        return 0
-    device = "cpu" if args.device is None else args.device
-    if args.analyze:
-        print(analyze(args.out, device, args.set))
-        return 0
-    if args.evaluate:
-        print(json.dumps(to_json(evaluate_checkpoint(args.out, device, args.set))))
-        return 0
-    if args.plot:
-        plot(args.out, device, args.example, args.task, args.model, args.set, args.plot_dir)
-        return 0
-    cfg, given = resolve(args)
-    # the data options are part of the default name, so runs at different sizes or splits don't collide
-    task_name = "-".join([cfg.task] + [f"{tag}{given[key]}" for tag, key in (
-        ("", "split"), ("n", "train_size"), ("S", "searches"), ("R", "retrievals")) if given.get(key)]
-        + ["ood"] * bool(given.get("ood")))
-    out = args.out or os.path.join("runs", f"{task_name}-{cfg.model}-{cfg.preset}-s{cfg.seed}")
-    if args.show_config:   # resolved as training would (steps may count epochs), then compared
-        if args.resume:    # as the resume would run it, or refused as it would be
-            resume_check(cfg, out)
-        preset = make_config(cfg.task, cfg.model, cfg.preset, split=given.get("split"))
-        print(show_config(schedule(cfg), schedule(preset)))
-        return 0
-    where["out"] = out
-    results = train(cfg, out, resume=args.resume, progress=not args.no_progress)
-    print(summary(results, out))
-    return 0
-
-
-def _check_flags(args):
-    """The flags on their own: none empty, one mode at a time, what a mode needs; ``--resume DIR``
-    becomes ``--resume --out DIR``."""
+    """main() without its error handling; ``where["out"]``: the run directory, once training starts.
+    First the flags on their own: none empty, one mode at a time, what a mode needs."""
     for flag in ("task", "model", "preset", "split", "out", "plot_dir", "resume"):
         if getattr(args, flag) == "":
             raise UsageError(f"--{flag.replace('_', '-')} is empty")
@@ -199,6 +137,43 @@ def _check_flags(args):
                          "checkpoint")
     if args.example and not args.plot:
         raise UsageError("--example goes with --plot")
+    if args.report:
+        report(args.report, args.plot_dir)
+        return 0
+    device = "cpu" if args.device is None else args.device
+    if args.analyze or args.evaluate:   # --evaluate: the last evaluation's weights, not
+        recipe, model, step = _load_run(args.out, device, args.set)   # results.json's selected ones
+        with user_values():   # --analyze: e.g. the CRT value-score table, paper Fig. 5
+            print(recipe.analyze(model) if args.analyze else json.dumps(to_json(
+                {"step": step, "settings": args.set, "metrics": recipe.evaluate(model)})))
+        return 0
+    if args.plot:
+        plot(args.out, device, args.example, args.task, args.model, args.set, args.plot_dir)
+        return 0
+    cfg, given = resolve(args)
+    # the data options are part of the default name, so runs at different sizes or splits don't collide
+    task_name = "-".join([cfg.task] + [f"{tag}{given[key]}" for tag, key in (
+        ("", "split"), ("n", "train_size"), ("S", "searches"), ("R", "retrievals")) if given.get(key)]
+        + ["ood"] * bool(given.get("ood")))
+    out = args.out or os.path.join("runs", f"{task_name}-{cfg.model}-{cfg.preset}-s{cfg.seed}")
+    if args.show_config:   # resolved as training would (steps may count epochs), then compared
+        if args.resume:    # as the resume would run it, or refused as it would be
+            resume_check(cfg, out)
+        preset = make_config(cfg.task, cfg.model, cfg.preset, split=given.get("split"))
+        print(show_config(schedule(cfg), schedule(preset)))
+        return 0
+    where["out"] = out
+    r = train(cfg, out, resume=args.resume, progress=not args.no_progress)
+    metrics = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                        for k, v in r["metrics"].items())
+    print(f"done: {r['task']} / {r['model']}, {r['steps']} steps in {r['wall_s']:.0f} s "
+          f"({r['ms_per_step'] or 0:.0f} ms/step); {metrics or 'no metrics'} "
+          + (f"(selected at step {r['best_step']})\n" if r["best_step"] is not None else
+             "(the last evaluation: the task has no split to select by)\n") +
+          f"results: {os.path.join(out, 'results.json')}, learning curve: "
+          f"{os.path.join(out, 'metrics.jsonl')}, checkpoint: {os.path.join(out, CHECKPOINT)}\n"
+          f"pictures: python train.py --plot --out {shlex.quote(out)}")
+    return 0
 
 
 # the flags that give a setting of the same name (the others choose what runs, where and how)
@@ -209,30 +184,40 @@ def resolve(args):
     """The run's configuration, resolved in one pass, each source over the one before:
 
     1. the recipe's preset for (task, model, preset), by ``make_config``;
-    2. on a --resume: the settings saved in the checkpoint, and its task, model and preset (a --task,
-       --model or --preset that is not the run's is refused, naming the run);
+    2. on a --resume: the settings saved in the checkpoint, and its task, model, preset and device
+       (a --task, --model or --preset that is not the run's is refused, naming the run);
     3. the flags (--seed, --steps, --lr, --train-size, ...);
     4. --set KEY=VALUE (a setting given both as a flag and by --set: the two must agree).
 
     Returns the configuration and the settings given by 2–4, by name."""
-    saved = {}
+    saved, path = {}, os.path.join(args.out or "", CHECKPOINT)
     # (a directory without a checkpoint is left to the resume's own check: a live writer's lock, say)
-    if args.resume and args.out and os.path.exists(os.path.join(args.out, CHECKPOINT)):
-        saved = resume_settings(args.out, args.task, args.model, args.preset)
+    if args.resume and args.out and os.path.exists(path):
+        saved = saved_settings(load_checkpoint(path), path)
+        for flag in ("task", "model", "preset"):
+            if getattr(args, flag) not in (None, saved[flag]):
+                raise UsageError(f"{args.out} holds a {saved['task']} / {saved['model']} run "
+                                 f"({saved['preset']} preset), not --{flag} {getattr(args, flag)}: a "
+                                 f"resume continues the run as it is (drop --{flag}, or choose "
+                                 "another --out)")
     task, model, preset = (saved.pop(name, None) or getattr(args, name) or default
                            for name, default in (("task", "ctl"), ("model", "ndr"), ("preset", "cpu")))
-    device = "cpu" if args.device is None else args.device
-    if args.resume and args.out:   # the run's device unless --device is given
-        device = resume_device(args.out, args.device)
-    recipe_for(task)
+    device = saved.pop("device", None) or "cpu"   # a resume's: the run's (null, hand-made: the CPU)
+    if args.device is not None:
+        device = args.device
+    elif device == "gpu":   # a GPU run continues on the GPU (not bit for bit on the CPU)
+        try:
+            backend.get_xp("gpu")
+        except backend.DeviceError as e:
+            raise UsageError(f"{e}; the run in {args.out} was trained on the GPU: --device cpu "
+                             "continues it on the CPU") from None
     if device not in ("cpu", "gpu"):
         raise UsageError(f"unknown device {device!r}; valid devices: cpu, gpu")
     flags = {k: getattr(args, k) for k in SETTING_FLAGS if getattr(args, k) is not None}
     sets = parse_settings(args.set, task, model)
-    for key in (k for k in sets if k in flags):   # --set lr=… is the same as --lr …
-        if sets[key] != flags[key]:
-            raise UsageError(f"--set {key}={sets[key]} contradicts --{key.replace('_', '-')} "
-                             f"{flags[key]}")
+    for key in (k for k in sets if k in flags and sets[k] != flags[k]):   # --set lr=… is --lr …
+        raise UsageError(f"--set {key}={sets[key]} contradicts --{key.replace('_', '-')} "
+                         f"{flags[key]}")
     given = {**saved, **flags, **sets}
     cfg = make_config(task, model, preset, device=device, **given)
     refuse_unread(cfg, sets)
@@ -262,36 +247,19 @@ def show_config(cfg, preset):
     return "\n".join(lines)
 
 
-def summary(results, out):
-    """The end of a run for a reader: what was selected, and where everything is."""
-    metrics = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-                        for k, v in results["metrics"].items())
-    return (f"done: {results['task']} / {results['model']}, {results['steps']} steps in "
-            f"{results['wall_s']:.0f} s ({results['ms_per_step'] or 0:.0f} ms/step); "
-            f"{metrics or 'no metrics'} "
-            + (f"(selected at step {results['best_step']})\n" if results["best_step"] is not None else
-               "(the last evaluation: the task has no split to select by)\n") +
-            f"results: {os.path.join(out, 'results.json')}, learning curve: "
-            f"{os.path.join(out, 'metrics.jsonl')}, checkpoint: {os.path.join(out, CHECKPOINT)}\n"
-            f"pictures: python train.py --plot --out {shlex.quote(out)}")
-
-
 # --- trained runs: --evaluate, --analyze, --plot --------------------------------------------------
 
-# what `--set` may change in a trained run (--evaluate, --plot, --analyze): evaluation, never the
-# weights
+# what `--set` may change in a trained run (--evaluate, --plot, --analyze): evaluation, not weights
 EVAL_SETTINGS = ("n_steps_eval", "eval_batch_size")
 
 
 def _load_run(out_dir, device, overrides=()):
-    """The recipe (its task loaded), the trained model of the checkpoint in out_dir on ``device``,
-    and the checkpoint's step. ``overrides``: KEY=VALUE strings of EVAL_SETTINGS that override the
-    saved config."""
+    """The recipe (its task loaded), the trained model of out_dir's checkpoint on ``device``, and its
+    step; ``overrides``: --set's KEY=VALUE strings (EVAL_SETTINGS only)."""
     if not os.path.isdir(out_dir):
         raise UsageError(f"no run directory {out_dir}")
     path = os.path.join(out_dir, CHECKPOINT)
     ckpt = load_checkpoint(path)
-    # checked setting by setting
     saved = dict(saved_settings(ckpt, path), device=device)
     saved.update(parse_settings(overrides, saved["task"], saved["model"], allowed=EVAL_SETTINGS))
     cfg = make_config(saved.pop("task"), saved.pop("model"), saved.pop("preset"), **saved)
@@ -306,24 +274,6 @@ def _load_run(out_dir, device, overrides=()):
     return recipe, model.to(device).eval(), ckpt["step"]   # eval(): e.g. n_steps_eval applies
 
 
-def analyze(out_dir, device="cpu", settings=()):
-    """The recipe's analysis of the checkpoint in out_dir (e.g. the CRT value-score table, paper
-    Fig. 5)."""
-    recipe, model, _ = _load_run(out_dir, device, settings)
-    with user_values():
-        return recipe.analyze(model)
-
-
-def evaluate_checkpoint(out_dir, device="cpu", settings=()):
-    """Every evaluation split's metric for the weights in out_dir's checkpoint: those of its last
-    evaluation, which need not be the selected step of results.json. E.g.
-    ``settings=["n_steps_eval=16"]`` applies a shared-layer encoder 16 times at evaluation instead
-    of the number it was trained with."""
-    recipe, model, step = _load_run(out_dir, device, settings)
-    with user_values():
-        return {"step": step, "settings": list(settings), "metrics": recipe.evaluate(model)}
-
-
 def plot(out_dir, device="cpu", texts=(), task=None, model=None, settings=(), plot_dir=None):
     """Pictures of what the checkpoint in out_dir learned (minattn/lab/viz.py) as PNGs in
     ``plot_dir`` (default out_dir/plots); returns the paths written. ``texts``: inputs to show
@@ -336,16 +286,16 @@ def plot(out_dir, device="cpu", texts=(), task=None, model=None, settings=(), pl
         raise UsageError(f"{plot_dir} is a link or a file, not a directory for the pictures "
                          "(choose --plot-dir)")
     recipe, net, _ = _load_run(out_dir, device, settings)
-    for flag, given, saved in (("--task", task, recipe.cfg.task),
-                               ("--model", model, recipe.cfg.model)):
-        if given is not None and given != saved:
+    for flag, given in (("task", task), ("model", model)):   # when given, the checkpoint's
+        if given not in (None, getattr(recipe.cfg, flag)):
             raise UsageError(f"{out_dir} holds a {recipe.cfg.task} / {recipe.cfg.model} "
-                             f"checkpoint, not {flag} {given}")
+                             f"checkpoint, not --{flag} {given}")
     with user_values():
         pictures = recipe.plot_examples(net, list(texts))
     pictures += run_curves(out_dir)   # metrics.jsonl against the step, the selected step marked
-    writes_into = plot_dir if os.path.isdir(plot_dir) else out_dir
-    if default_dir and not writable(writes_into):
+    writes_into = plot_dir if os.path.isdir(plot_dir) else out_dir   # (permission, read-only disk)
+    if default_dir and not (os.access(writes_into, os.W_OK)
+                            and not os.statvfs(writes_into).f_flag & os.ST_RDONLY):
         raise UsageError(f"cannot write the pictures into {plot_dir} (read-only): choose "
                          "--plot-dir DIR")
     paths = viz.write_pictures(pictures, plot_dir)

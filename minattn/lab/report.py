@@ -1,8 +1,6 @@
-"""The report of finished runs (``train.py --report``): one row per run directory (results.json, or the
-checkpoint of a run that has not finished), means ± sample std over seeds, and learning curves over
-training-set sizes. What it cannot read it skips, naming why. ``run_curves`` (for ``--plot``) and
-``report(…, plot_dir)`` (``--report … --plot-dir DIR``) draw runs' learning curves: their metrics.jsonl
-against the step, the selected step marked (viz.learning_curves).
+"""The report of finished runs (``train.py --report``): a row per run directory (results.json, or the
+checkpoint of an unfinished run), means ± sample std over seeds, learning curves over the step (also for
+``--plot``) and over training-set sizes. What it cannot read it skips, naming why.
 """
 import contextlib
 import json
@@ -13,10 +11,9 @@ import numpy as np
 
 from . import viz
 from .errors import UsageError
-from .rundir import CHECKPOINT, Corrupted, _int, _number, _read_npz, open_regular, read_log, settings
+from .rundir import CHECKPOINT, _number, load_checkpoint, open_regular, read_log, settings
 
 
-# the fields of results.json the report reads, and their types
 REPORT_FIELDS = {"task": str, "model": str, "preset": str, "seed": int, "steps": int, "metrics": dict,
                  "best_step": (int, type(None)), "wall_s": (int, float),
                  "ms_per_step": (int, float, type(None)), "config": dict}
@@ -29,8 +26,14 @@ def finished_run(d):
     try:
         with open_regular(os.path.join(d, "results.json")) as f:
             r = json.load(f)
-    except FileNotFoundError:
-        return _unfinished_run(d)
+    except FileNotFoundError:   # a run that has checkpointed but not finished: its checkpoint's metadata
+        if not os.path.isfile(os.path.join(d, CHECKPOINT)):
+            raise UsageError(f"{d} has no results.json (not a run directory, or the run is not finished)")
+        meta = load_checkpoint(os.path.join(d, CHECKPOINT), arrays=False)
+        cfg, step = meta["config"], meta["step"]
+        r = dict(cfg, steps=step, config=cfg, wall_s=meta["train_time"], best_step=meta["best"].get("step"),
+                 ms_per_step=None, metrics={k: v for k, v in meta["last"].items() if v is not None})
+        return r, meta["history"], f"unfinished: step {step} of {cfg.get('steps')}"
     except (OSError, ValueError) as e:
         raise UsageError(f"{d} does not hold a readable run ({e.__class__.__name__}: {e})") from None
     missing = set(REPORT_FIELDS) - set(r if isinstance(r, dict) else ())
@@ -49,40 +52,10 @@ def finished_run(d):
     status = f"diverged at step {r['diverged_at']}" if "diverged_at" in r else None
     if status is None and os.path.isfile(os.path.join(d, CHECKPOINT)):   # resumed since, and stopped again?
         with contextlib.suppress(UsageError):
-            step = _checkpoint_metadata(os.path.join(d, CHECKPOINT)).get("step")
-            if _int(step) and step > r["steps"]:
+            step = load_checkpoint(os.path.join(d, CHECKPOINT), arrays=False)["step"]
+            if step > r["steps"]:
                 status = f"unfinished: step {step}, results of step {r['steps']}"
     return r, log, status
-
-
-def _checkpoint_metadata(path):
-    meta = json.loads(str(_read_npz(path, only="metadata.npy")["metadata"]))
-    if not isinstance(meta, dict):
-        raise Corrupted(f"checkpoint {path} is corrupted (its metadata is not an object)")
-    return meta
-
-
-def _unfinished_run(d):
-    """A run that has checkpointed but not finished: its row, from the checkpoint's metadata and last
-    evaluation."""
-    if not os.path.isfile(os.path.join(d, CHECKPOINT)):
-        raise UsageError(f"{d} has no results.json (not a run directory, or the run is not finished)")
-    meta = _checkpoint_metadata(os.path.join(d, CHECKPOINT))
-    cfg, history = meta.get("config"), meta.get("history")
-    if not (isinstance(cfg, dict) and isinstance(history, list) and history and isinstance(history[-1], dict)
-            and all(isinstance(cfg.get(k) or {}, dict) for k in ("model_config", "options"))
-            and all(isinstance(cfg.get(k), t) for k, t in (("task", str), ("model", str), ("preset", str),
-                                                           ("seed", int), ("steps", int)))):
-        raise UsageError(f"{d} has no results.json, and its checkpoint does not say how far the run got")
-    last = history[-1]
-    metrics = meta["last"] if isinstance(meta.get("last"), dict) else {}   # the last evaluation's
-    best = meta.get("best") if isinstance(meta.get("best"), dict) else {}   # the selected evaluation so far
-    r = {"task": cfg["task"], "model": cfg["model"], "preset": cfg["preset"], "seed": cfg["seed"],
-         "steps": last.get("step"), "config": cfg, "wall_s": last.get("wall_s") or 0,
-         "best_step": best.get("step") if _int(best.get("step")) else None,
-         "ms_per_step": None, "metrics": {k: v for k, v in metrics.items() if _number(v)}}
-    status = f"unfinished: step {last.get('step')} of {cfg['steps']}"
-    return r, [h for h in history if isinstance(h, dict)], status
 
 
 def _two_se(values):
@@ -101,22 +74,11 @@ def _cell(v):
 CURVE_ROWS = 20   # a run's curve in the report: at most this many evaluations (the PNG and the log have all)
 
 
-def _curve_rows(log, best_step):
-    """The evaluations a report's curve table shows: all of a short log; of a long one CURVE_ROWS evenly
-    spaced, the first, the last and the selected one among them."""
-    if len(log) <= CURVE_ROWS:
-        return log
-    keep = {round(i * (len(log) - 1) / (CURVE_ROWS - 2)) for i in range(CURVE_ROWS - 1)}   # + the selected
-    return [e for i, e in enumerate(log) if i in keep or e["step"] == best_step]
-
-
 def report(paths, plot_dir=None):
-    """Markdown table of runs (their results.json) and each run's learning curve. Diverged and unfinished
-    runs get a row marked so, and are left out of the means over seeds and sizes. Directories that hold no
-    run are skipped with a warning, and so is one whose files are malformed; a run is counted once, however
-    often it is listed or copied: runs with one configuration (seed included; device aside) are one run, as
-    training is deterministic. ``plot_dir``: also draw the listed runs' learning curves side by side into
-    plot_dir/learning-curves.png; returns the paths written."""
+    """Markdown table of runs and each run's learning curve. Diverged and unfinished runs get a row marked so,
+    and are left out of the means over seeds and sizes. A run is counted once, however often it is listed
+    or copied (training is deterministic). ``plot_dir``: also draw the runs' learning curves side by side
+    into plot_dir/learning-curves.png; returns the paths written."""
     if plot_dir is not None:   # before the tables are printed
         viz.require_matplotlib("--report --plot-dir")
         if os.path.exists(plot_dir) and not os.path.isdir(plot_dir):
@@ -126,12 +88,9 @@ def report(paths, plot_dir=None):
         try:
             r, log, status = finished_run(d)
             row, curve = _report_row(d, r, log, status)
-        except UsageError as e:
-            print(f"warning: skipped: {e}", file=sys.stderr)
-            continue
-        except Exception as e:   # anything else one directory holds must not cost the others their report
-            print(f"warning: skipped {d}: its results cannot be read ({e.__class__.__name__}: {e})",
-                  file=sys.stderr)
+        except Exception as e:   # anything one directory holds must not cost the others their report
+            print(f"warning: skipped: {e}" if isinstance(e, UsageError) else f"warning: skipped {d}: its "
+                  f"results cannot be read ({e.__class__.__name__}: {e})", file=sys.stderr)
             continue
         config = settings(r["config"])
         run_key = json.dumps({k: v for k, v in config.items() if k != "device"}, sort_keys=True)
@@ -166,10 +125,8 @@ def report(paths, plot_dir=None):
             left = "".join(f" (seed {x['seed']} left out: {status})" for x, status in out)
             print(f"| {task} | {r['model']} | {r['preset']} | {settings(r['config'])['steps']} | "
                   f"{', '.join(str(x['seed']) for x, _ in runs)}{left} | {m} |")
-    size_curves, warnings = _size_curves([run for _, _, runs, _ in groups.values() for run, _ in runs])
+    size_curves = _size_curves([run for _, _, runs, _ in groups.values() for run, _ in runs])
     if size_curves:
-        for w in warnings:
-            print(w, file=sys.stderr)
         print(size_curves)
     print("\n".join(curves))
     if plot_dir is None:
@@ -184,14 +141,11 @@ def report(paths, plot_dir=None):
 
 
 def run_curves(out_dir):
-    """[the learning curves of the run in out_dir] (a viz Picture: metrics.jsonl against the step, the
-    selected step marked), or [] with a warning when it has no log to draw: what ``--plot`` adds."""
+    """What ``--plot`` adds: [the learning curves of the run in out_dir], or [] with a warning."""
     try:
-        picture = _curves_picture([(out_dir, *finished_run(out_dir)[:2])])
+        picture, why = _curves_picture([(out_dir, *finished_run(out_dir)[:2])]), "no readable metrics.jsonl"
     except UsageError as e:
         picture, why = None, e
-    else:
-        why = "no readable metrics.jsonl"
     if picture is None:
         print(f"warning: no learning curves for {out_dir}: {why}", file=sys.stderr)
         return []
@@ -200,9 +154,7 @@ def run_curves(out_dir):
 
 def _curves_picture(runs):
     """One picture of the learning curves of ``runs`` ((directory, results, log) triples; those without a log
-    are left out), or None if none has a log. The marked step is results.json's ``best_step`` (the selected
-    evaluation; an unfinished run's: its checkpoint's so far); SCAN selects none and reports its last
-    evaluation, which is then marked."""
+    are left out), or None if none has a log."""
     runs = [(d, r, log) for d, r, log in runs if log]
     if not runs:
         return None
@@ -238,7 +190,10 @@ def _report_row(d, r, log, status):
         return row, None
     # every column any line has, in order of first appearance (a divergence line has only the train loss)
     keys = list(dict.fromkeys(k for e in log for k in e if k not in ("step", "wall_s")))
-    shown = _curve_rows(log, r["best_step"])
+    shown = log
+    if len(log) > CURVE_ROWS:   # evenly spaced: the first, the last and the selected one among them
+        keep = {round(i * (len(log) - 1) / (CURVE_ROWS - 2)) for i in range(CURVE_ROWS - 1)}
+        shown = [e for i, e in enumerate(log) if i in keep or e["step"] == r["best_step"]]
     cut = f" ({len(shown)} of its {len(log)} evaluations; all in metrics.jsonl)" if shown != log else ""
     return row, (f"\n{r['task']} / {r['model']} (seed {r['seed']}, {d}){cut}:\n\n| step | "
                  + " | ".join(keys) + " |\n|" + "---|" * (len(keys) + 1) + "\n" +
@@ -246,24 +201,17 @@ def _report_row(d, r, log, status):
                            for e in shown))
 
 
-def _mean_cell(values):
-    """A size-curve cell: the mean, ± twice its standard error over two seeds or more, the number of seeds."""
-    spread = f" ± {_two_se(values):.3f}" if len(values) > 1 else ""
-    return f"{np.mean(values):.3f}{spread} ({len(values)})"
-
-
 SIZE_CURVE_FREE = ("seed", "device", "steps", "eval_every")   # what a learning curve's points may differ in
 
 
 def _size_curves(runs):
-    """Markdown table of the test metric over the training-set size (mean over seeds, their number in
-    brackets), one row per experiment, when one of them was run at two sizes or more: the learning curves of
-    the Abstractor paper's figures. Settings other than the seed and the size that tell two rows of one model
-    apart (e.g. ``init keras``) are named in the row. Returns (the table or "", its warnings)."""
+    """Markdown table of the test metric over the training-set size (the Abstractor paper's learning curves),
+    one row per experiment, when one was run at two sizes or more, or "" (its warnings are printed with it).
+    Settings that tell two rows of one model apart (e.g. ``init keras``) are named in the row."""
     rows, warnings = {}, []
     for r in runs:
         # the run's identity (as in the rows above): its settings by name
-        cfg = {**settings(r["config"]), "task": r["task"], "model": r["model"], "preset": r["preset"]}
+        cfg = settings(r["config"])
         size = cfg.pop("train_size", None)
         if size and isinstance(r["metrics"].get("test"), float):
             # the step count follows from the size (epochs of it), so it does not tell curves apart
@@ -272,14 +220,15 @@ def _size_curves(runs):
             rows.setdefault(key, {}).setdefault(size, []).append((cfg.get("steps"), r["metrics"]["test"]))
     for key, curve in rows.items():
         for size, cell in curve.items():
-            if len({steps for steps, _ in cell}) > 1:
-                counts = sorted({steps for steps, _ in cell}, key=str)
+            budgets = sorted({steps for steps, _ in cell}, key=str)
+            if len(budgets) > 1:
                 warnings.append(f"warning: the learning curve of {json.loads(key)['model']} averages runs of "
-                                f"{size} examples with different step budgets ({counts})")
+                                f"{size} examples with different step budgets ({budgets})")
             curve[size] = [test for _, test in cell]
     rows = [(json.loads(k), curve) for k, curve in rows.items()]
     if all(len(curve) < 2 for _, curve in rows):   # no run spans sizes: the tables above say it all
-        return "", []
+        return ""
+    print("\n".join(warnings), file=sys.stderr)
     sizes = sorted({n for _, curve in rows for n in curve})
     out = ["\nTest over the training-set size (mean over seeds ± twice its standard error, the number of "
            "seeds in brackets):\n",
@@ -290,6 +239,7 @@ def _size_curves(runs):
         twins = [c for c, _ in rows if (c["task"], c["model"], c["preset"]) == same]
         differ = ", ".join(f"{k} {cfg.get(k)}" for k in sorted({k for c in twins for k in c})
                            if any(c.get(k) != cfg.get(k) for c in twins))
-        out.append(f"| {cfg['task']} | {cfg['model']} | {cfg['preset']} | {differ} | " + " | ".join(
-            _mean_cell(curve[n]) if n in curve else "" for n in sizes) + " |")
-    return "\n".join(out), warnings
+        cells = [f"{np.mean(v):.3f}{f' ± {_two_se(v):.3f}' if len(v) > 1 else ''} ({len(v)})" if v else ""
+                 for v in (curve.get(n) for n in sizes)]   # the mean ± twice its standard error, the seeds
+        out.append(f"| {cfg['task']} | {cfg['model']} | {cfg['preset']} | {differ} | {' | '.join(cells)} |")
+    return "\n".join(out)

@@ -5,7 +5,6 @@ other file is replaced whole (``write_atomic``), so a kill leaves the old file o
 file is opened by ``open_regular``; a checkpoint is read without trusting it (``load_checkpoint``).
 """
 import contextlib
-import dataclasses
 import errno
 import fcntl
 import json
@@ -33,18 +32,18 @@ class Terminated(BaseException):
     """SIGTERM (``kill``, ``docker stop``, a scheduler's preemption): as Ctrl-C, but exit 143."""
 
 
-_signals = {"at_step_end": False, "terminated": False}
+_sigterm = {"deferred": False, "pending": False}
 
 
 @contextlib.contextmanager
 def handling_signals():
-    """In the block (in the main thread), SIGINT raises KeyboardInterrupt and SIGTERM Terminated."""
+    """In the block (in the main thread), SIGINT raises KeyboardInterrupt and SIGTERM Terminated,
+    unless ``defer_sigterm`` holds it back."""
     def on_signal(signum, frame):
-        if signum == signal.SIGTERM and _signals["at_step_end"]:   # the loop saves the step, stops
-            _signals["terminated"] = True
+        if signum == signal.SIGTERM and _sigterm["deferred"]:   # raised by the next defer_sigterm
+            _sigterm["pending"] = True
         else:   # in a write, write_atomic removes its temporary file: the old file stays whole
             raise KeyboardInterrupt if signum == signal.SIGINT else Terminated
-    _signals.update(at_step_end=False, terminated=False)
     try:
         old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     except ValueError:                 # not the main thread: signals are not ours to handle
@@ -54,30 +53,17 @@ def handling_signals():
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
-        _signals.update(at_step_end=False, terminated=False)
+        _sigterm.update(deferred=False, pending=False)
 
 
-def stop_at_step_end(on):
-    """On: SIGTERM waits for the end of the training step (``terminated()`` says so; the loop saves
-    it, then raises Terminated), so a preempted run loses no step. Off: a pending one raises."""
-    _signals["at_step_end"] = on
-    if not on and _signals["terminated"]:
-        _signals["terminated"] = False
+def defer_sigterm(on):
+    """On (training steps): SIGTERM waits for the next call, at the end of the step, so that a
+    preempted run loses no step. Off (an evaluation, which may outlast a scheduler's grace period;
+    the end of training): SIGTERM raises at once. Either way a pending one raises Terminated now."""
+    _sigterm["deferred"] = on
+    if _sigterm["pending"]:
+        _sigterm["pending"] = False
         raise Terminated
-
-
-def terminated():
-    return _signals["terminated"]
-
-
-@contextlib.contextmanager
-def stopping_at_once():
-    """In the block (an evaluation: it may outlast a scheduler's grace period), SIGTERM raises."""
-    was, _signals["at_step_end"] = _signals["at_step_end"], False
-    try:
-        yield
-    finally:
-        _signals["at_step_end"] = was
 
 
 # --- files: opened safely, replaced atomically ----------------------------------------------------
@@ -130,21 +116,23 @@ def write_atomic(path, write, mode="w"):
             raise OSError(e.errno, e.strerror, path) from None
         raise
     dir_fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)                    # the rename itself survives a power cut
-    finally:
-        os.close(dir_fd)
+    os.fsync(dir_fd)                        # the rename itself survives a power cut
+    os.close(dir_fd)
 
 
 @contextlib.contextmanager
 def locked(out_dir):
     """Hold an exclusive lock on the run directory (made if needed) while the block runs; a second
     writer is refused. The kernel releases ``flock`` when its process dies, so a killed run's lock
-    is taken over; the file stays (deleting it would let a waiting writer lock an orphan inode)."""
+    is taken over; the file stays (deleting it would let a waiting writer lock an orphan inode),
+    unless the block refuses the start before writing a file: then the directories made go too."""
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise UsageError(f"--out {out_dir} is a file, not a run directory")
     if os.path.exists(os.path.join(out_dir, "checkpoint.pkl")):
         raise UsageError(OLDER.format(out_dir, "it holds checkpoint.pkl"))
+    made, d = [], os.path.abspath(out_dir)
+    while not os.path.exists(d):
+        made, d = made + [d], os.path.dirname(d)
     os.makedirs(out_dir, exist_ok=True)
     with open_regular(os.path.join(out_dir, "lock"), "r+", os.O_RDWR | os.O_CREAT) as f:
         try:
@@ -166,31 +154,15 @@ def locked(out_dir):
             if name.startswith(".tmp-"):    # (unlink removes a link, never what it points to)
                 with contextlib.suppress(FileNotFoundError, IsADirectoryError, PermissionError):
                     os.unlink(os.path.join(out_dir, name))
-        yield
-
-
-def writable(path):
-    """Whether files can be made in the directory ``path`` (permissions, not a read-only disk)."""
-    return os.access(path, os.W_OK) and not os.statvfs(path).f_flag & os.ST_RDONLY
-
-
-def missing_top(path):
-    """The outermost directory of ``path`` (itself included) that does not exist yet, or None."""
-    top, path = None, os.path.abspath(path)
-    while not os.path.exists(path):
-        top, path = path, os.path.dirname(path)
-    return top
-
-
-def remove_empty(path, top):
-    """Remove ``path`` and its parents up to ``top`` while they are empty (a refused start's)."""
-    path = os.path.abspath(path)
-    with contextlib.suppress(OSError):
-        while True:
-            os.rmdir(path)
-            if path == top:
-                break
-            path = os.path.dirname(path)
+        try:
+            yield
+        except (UsageError, MemoryError):
+            if made and os.listdir(out_dir) == ["lock"]:
+                os.remove(os.path.join(out_dir, "lock"))
+                with contextlib.suppress(OSError):
+                    for d in made:
+                        os.rmdir(d)
+            raise
 
 
 def to_json(obj):
@@ -206,9 +178,8 @@ def to_json(obj):
 
 def save_checkpoint(path, metadata, params, opt_state, selected=None, running=None):
     """``params``, ``selected`` (at the selected evaluation): {name: array}; ``opt_state``: the
-    optimizer's state_dict; ``running``: the sums of the evaluation interval in progress (train.Sums),
-    so that a resume logs what an uninterrupted run logs. No RNG state: a run's random streams are
-    functions of its seed and the step."""
+    optimizer's state_dict; ``running``: train.Sums as a tuple, the sums of the interval in progress.
+    No RNG state: a run's random streams are functions of its seed and the step."""
     states = dict(zip(params, opt_state["state"]))
     arrays = {f"model/{k}": v for k, v in params.items()}
     arrays.update({f"selected/{k}": v for k, v in (selected or {}).items()})
@@ -225,38 +196,9 @@ def save_checkpoint(path, metadata, params, opt_state, selected=None, running=No
     write_atomic(path, lambda f: np.savez(f, **arrays), mode="wb")
 
 
-def running_sums(ckpt, device):
-    """save_checkpoint's ``running`` back from a checkpoint, on ``device`` (zeros if none)."""
-    r = ckpt.get("running")
-    if not r:
-        return 0.0, 0.0, {}, 0, 0
-    sums = {k: backend.to_device(v, device) for k, v in ckpt["running_sums"].items()}
-    stats = {k: sums[f"stats/{k}"] for k in r["stats"]}
-    return sums["loss_sum"], sums["norm_sum"], stats, r["seen"], r["n_batches"]
-
-
-class Corrupted(UsageError):
-    """A checkpoint whose contents are not what minattn writes."""
-
-
-def _read_npz(path, only=None):
-    """The arrays of the .npz at ``path`` (``only``: that member alone, e.g. "metadata.npy"). The
-    members may not declare more bytes than the file holds (np.savez does not compress; a zip bomb
-    declares gigabytes in kilobytes): checked before any is read."""
-    with open_regular(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        try:
-            with np.load(f, allow_pickle=False) as z:
-                declared = sum(i.file_size for i in z.zip.infolist())
-                if declared > 2 * size + (1 << 20):
-                    raise Corrupted(f"checkpoint {path} is corrupted (its members declare "
-                                    f"{declared} bytes in a file of {size})")
-                return {k: z[k] for k in z.files if only in (None, k + ".npy")}
-        except UsageError:
-            raise
-        except Exception as e:   # not a zip, truncated, a bad header, a pickle: all one to the user
-            raise Corrupted(f"checkpoint {path} is corrupted or unreadable ({e.__class__.__name__})") \
-                from None
+def corrupted(path, what):
+    """A checkpoint whose contents are not what minattn writes: one line saying what."""
+    return UsageError(f"checkpoint {path} is corrupted ({what})")
 
 
 def _number(v):
@@ -273,7 +215,6 @@ def _object(v, *objects):   # a JSON object whose members ``objects`` are object
 
 _METADATA = {   # what each field must be (docs/checkpoints.md), and what the message says
     "version": (lambda v: _int(v) and v == CHECKPOINT_VERSION, f"{CHECKPOINT_VERSION}"),
-    "identity": (lambda v: _object(v, "model_config", "options"), "an object"),
     "config": (lambda v: _object(v, "options") and isinstance(v.get("model_config"), dict)
                and all(isinstance(v.get(k), str) for k in ("task", "model", "preset")),
                "an object with task, model, preset, model_config and options"),
@@ -295,27 +236,32 @@ _METADATA = {   # what each field must be (docs/checkpoints.md), and what the me
 }
 
 
-def load_checkpoint(path):
-    """The checkpoint at ``path`` as a dict: its metadata, "model" and "selected" ({name: array})
-    and "optimizer" (the optimizer's state_dict). What save_checkpoint would not write is refused
-    in one line naming it (Corrupted), and so is an older minattn's checkpoint."""
+def load_checkpoint(path, arrays=True):
+    """The checkpoint at ``path``: its metadata, "model" and "selected" ({name: array}), "optimizer"
+    (a state_dict), "running_sums" ({name: array}); ``arrays=False``: its metadata alone. What
+    save_checkpoint would not write is one line naming it; so is an older minattn's checkpoint."""
     out_dir = os.path.dirname(path) or "."
     if not os.path.exists(path):
         if os.path.exists(os.path.join(out_dir, "checkpoint.pkl")):
             raise UsageError(OLDER.format(out_dir, "it holds checkpoint.pkl"))
         raise UsageError(f"{out_dir} holds no {CHECKPOINT} (is it a run directory? train there "
                          "first)")
-    arrays = _read_npz(path)
-
-    def corrupted(what):
-        return Corrupted(f"checkpoint {path} is corrupted ({what})")
-    try:
-        ckpt = json.loads(str(arrays.pop("metadata")))
-    except Exception as e:   # no "metadata", or not JSON
-        raise Corrupted(f"checkpoint {path} is corrupted or unreadable ({e.__class__.__name__})") \
-            from None
+    with open_regular(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        try:
+            with np.load(f, allow_pickle=False) as z:
+                declared = sum(i.file_size for i in z.zip.infolist())   # a zip bomb: GB in kB
+                if declared > 2 * size + (1 << 20):
+                    raise corrupted(path, f"its members declare {declared} bytes in a file of {size}")
+                members = {k: z[k] for k in z.files if arrays or k == "metadata"}
+            ckpt = json.loads(str(members.pop("metadata")))
+        except UsageError:
+            raise
+        except Exception as e:   # not a zip, truncated, a pickle, no metadata, not JSON
+            raise UsageError(f"checkpoint {path} is corrupted or unreadable ({e.__class__.__name__})") \
+                from None
     if not isinstance(ckpt, dict):
-        raise corrupted("its metadata is not an object")
+        raise corrupted(path, "its metadata is not an object")
     if _int(ckpt.get("version")) and ckpt["version"] < CHECKPOINT_VERSION:
         raise UsageError(OLDER.format(out_dir, f"{CHECKPOINT} of format {ckpt['version']}; this "
                                                f"one reads {CHECKPOINT_VERSION}"))
@@ -326,51 +272,34 @@ def load_checkpoint(path):
                                                f"{', '.join(lacking or ['optimizer.without_state'])}"))
     for key, (ok, what) in _METADATA.items():
         if not ok(ckpt.get(key)):
-            raise corrupted(f"{key}: expected {what}" if key in ckpt else f"it lacks {key}")
+            raise corrupted(path, f"{key}: expected {what}" if key in ckpt else f"it lacks {key}")
+    if not arrays:
+        return ckpt
     names = ckpt.pop("parameters")
     r = ckpt.get("running")   # the sums of an evaluation interval in progress (on SIGTERM)
-    running = {k[8:]: arrays.pop(k) for k in [k for k in arrays if k.startswith("running/")]}
+    running = {k[8:]: members.pop(k) for k in [k for k in members if k.startswith("running/")]}
     if (r is not None or running) and not (
             _object(r) and _int(r.get("seen")) and _int(r.get("n_batches")) and r["n_batches"] > 0
             and isinstance(r.get("stats"), list)
             and set(running) == {"loss_sum", "norm_sum", *(f"stats/{k}" for k in r["stats"])}
             and all(v.ndim == 0 and v.dtype.kind in "fiu" and np.isfinite(v)
                     for v in running.values())):
-        raise corrupted("running: expected the sums of the interval in progress")
+        raise corrupted(path, "running: expected the sums of the interval in progress")
     part = {"model": {}, "selected": {}, "optimizer": {}}
-    for k, v in arrays.items():
+    for k, v in members.items():
         kind, _, name = k.partition("/")
         owner = name.rpartition("/")[0] if kind == "optimizer" else name
         if kind not in part or owner not in names:
-            raise corrupted(f"{k}: an array of no parameter")
+            raise corrupted(path, f"{k}: an array of no parameter")
         if v.dtype != np.float32 or v.ndim == 0:   # train.py's parameters and Adam's moments
-            raise corrupted(f"{k}: {v.dtype} {v.shape}, expected float32 arrays")
+            raise corrupted(path, f"{k}: {v.dtype} {v.shape}, expected float32 arrays")
         if not np.isfinite(v).all():
-            raise corrupted(f"{k} is not finite")
+            raise corrupted(path, f"{k} is not finite")
         part[kind][name] = v
     state = [{k.rpartition("/")[2]: v for k, v in part["optimizer"].items()
               if k.rpartition("/")[0] == n} for n in names]
     return dict(ckpt, model=part["model"], selected=part["selected"] or None, parameters=names,
                 optimizer=dict(ckpt["optimizer"], state=state), running_sums=running)
-
-
-def check_resumable(ckpt, path):
-    """A resume continues bit for bit only with the optimizer's whole state: a checkpoint stripped
-    of it (a common way to share weights, which --evaluate and --plot read) is refused."""
-    opt, names = ckpt["optimizer"], ckpt["parameters"]
-    lacking = [n for n, s in zip(names, opt["state"]) if not s and n not in opt["without_state"]]
-    if lacking:
-        raise UsageError(f"checkpoint {path} lacks the optimizer state of {len(lacking)} of "
-                         f"{len(names)} parameters (e.g. {lacking[0]}), so --resume could not "
-                         "continue exactly; --evaluate and --plot still read it")
-
-
-def identity(cfg):
-    """What must match for a checkpoint to belong to this run (the budget may grow), as JSON."""
-    d = dataclasses.asdict(cfg)
-    for k in ("steps", "device", "eval_every", "eval_batch_size"):
-        d.pop(k)
-    return json.loads(json.dumps(to_json(d)))
 
 
 def settings(config):

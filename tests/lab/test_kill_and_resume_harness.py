@@ -257,21 +257,16 @@ def _crafted(marker):
         "metadata not JSON": meta_edit(lambda m: "{not json"),
         "metadata a list": meta_edit(lambda m: [1, 2]),
         "version 1": setter("version", 1), "version '2'": setter("version", "2"),
-        "unknown task ../../evil": meta_edit(lambda m: [d.update(task="../../evil")
-                                                        for d in (m["config"], m["identity"])] and None),
-        "unknown model os.system": meta_edit(lambda m: [d.update(model="os.system")
-                                                        for d in (m["config"], m["identity"])] and None),
+        "unknown task ../../evil": setter("config.task", "../../evil"),
+        "unknown model os.system": setter("config.model", "os.system"),
         "an extra config field": setter("config.evil", 1),
         "steps -5": setter("config.steps", -5), "eval_every 0": setter("config.eval_every", 0),
         "config.lr a string": setter("config.lr", "fast"), "model_config a list": setter("config.model_config", [1]),
         "config a string": setter("config", "x"), "d_hidden a string": setter("config.model_config.d_model", "big"),
-        "d_model 10^6 (config and identity)": meta_edit(lambda m: [d["model_config"].update(d_model=10 ** 6)
-                                                                     for d in (m["config"], m["identity"])] and None),
-        "d_model 10^6 (config only)": setter("config.model_config.d_model", 10 ** 6),
+        "d_model 10^6": setter("config.model_config.d_model", 10 ** 6),
         "options a list": setter("config.options", [1]), "last a list": setter("last", [1]),
         "last with a string metric": setter("last", {"valid": "x"}),
-        "an option ctl does not take": meta_edit(lambda m: [d.update(options={"train_size": 5})
-                                                             for d in (m["config"], m["identity"])] and None),
+        "an option ctl does not take": setter("config.options", {"train_size": 5}),
         "history of strings": setter("history", ["a"]), "history an int": setter("history", 5),
         "best a list": setter("best", [1]), "step -3": setter("step", -3), "step '200'": setter("step", "200"),
         "train_time a string": setter("train_time", "x"), "optimizer.t a string": setter("optimizer.t", "x"),

@@ -162,10 +162,7 @@ def test_a_checkpoints_path_must_be_true_or_false(fresh, capsys):
 
 @pytest.mark.parametrize("field", ["n_steps", "n_steps_eval"])
 def test_an_absurd_loop_count_in_a_checkpoint_is_refused(field, fresh, capsys):
-    def edit(meta):
-        for part in ("config", "identity"):
-            meta[part]["model_config"][field] = 10 ** 9
-    _rewrite(os.path.join(fresh, "checkpoint.npz"), edit_meta=edit)
+    _rewrite(os.path.join(fresh, "checkpoint.npz"), edit_meta=_set(f"config.model_config.{field}", 10 ** 9))
     for mode in (["--evaluate", "--out", fresh], ["--resume", fresh, "--steps", "4", "--no-progress"]):
         code, err = run(mode, capsys)
         one_line_error(code, err)

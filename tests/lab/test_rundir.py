@@ -214,7 +214,7 @@ def test_ctrl_c_before_the_first_checkpoint_does_not_promise_one(tmp_path, capsy
     monkeypatch.setattr(train, "train", interrupted)
     code, err = run(TINY + ["--out", str(tmp_path)], capsys)
     assert code == 130 and "nothing to resume" in err and "intact" not in err
-    monkeypatch.setattr(cli, "evaluate_checkpoint", interrupted)      # not training: no word on checkpoints
+    monkeypatch.setattr(cli, "_load_run", interrupted)                # not training: no word on checkpoints
     code, err = run(["--evaluate", "--out", str(tmp_path)], capsys)
     assert code == 130 and err == "interrupted\n"
 
