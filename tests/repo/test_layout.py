@@ -163,3 +163,23 @@ def test_the_library_and_paper_tests_build_models_without_train_py():
                 if name.endswith(".py") and "train" in set(_imported_modules(path)):
                     offenders.append(os.path.relpath(path, ROOT))
     assert not offenders, offenders
+
+
+# --- the house's size: take a room down for each one added --------------------------------------------------
+SOURCE_BUDGET = 12_300   # lines of minattn/**, train.py and tasks.py (13,235 at 8717cd2)
+ROOM_BUDGETS = {         # rooms a reader walks or a promise lives in, each with its own ceiling
+    "minattn/attention/geometric.py": 170,   # header → the equations as code → the module (246 at 8717cd2)
+    "minattn/lab/rundir.py": 350,            # every run-directory promise, one file opener (576 at 8717cd2)
+}
+
+
+def test_the_source_stays_within_its_budget():
+    """Every line counts, docstrings included; fewer lines by joining them does not count, since the width
+    rule (test_source_lines_stay_narrow) holds the lines to the same measure."""
+    counts = {os.path.relpath(p, ROOT): len(open(p, encoding="utf-8").readlines())
+              for p in _sources() if not os.path.relpath(p, ROOT).startswith("tests")}
+    total = sum(counts.values())
+    assert total <= SOURCE_BUDGET, (f"the source is {total} lines (budget {SOURCE_BUDGET}): take a room down "
+                                    f"for the one you add; the largest: {sorted(counts.items(), key=lambda kv: -kv[1])[:5]}")
+    over = {room: counts[room] for room, budget in ROOM_BUDGETS.items() if counts[room] > budget}
+    assert not over, f"over their budgets {ROOM_BUDGETS}: {over}"
