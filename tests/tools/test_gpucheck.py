@@ -110,10 +110,12 @@ def test_the_window_runs_every_part_on_the_cpu_one_file_each_and_a_later_window_
     assert (out / "summary.txt").read_text().count(" PASS ") == len(parts)
     step = json.loads(open(out / "f-card-run" / "metrics.jsonl").readlines()[-1])["step"]
     capsys.readouterr()
-    # the next window: only its card's run, which continues the first one's
+    # the next window: only its card's run, which continues the first one's (here to a nearby end, so that
+    # it finishes rather than waiting for its own SIGTERM)
     assert gpucheck.main(["--window", "--only", "card", "--out", str(tmp_path / "next"), "--card-run",
-                          str(out / "f-card-run"), *WINDOW_SMALL, "--", *TINY]) == 0
-    assert "resuming ctl / ndr" in capsys.readouterr().out
+                          str(out / "f-card-run"), *WINDOW_SMALL, "--", *TINY, "--steps", str(step + 2)]) == 0
+    said = capsys.readouterr().out
+    assert "resuming ctl / ndr" in said and f"finished: {step + 2} steps" in said
     assert json.loads(open(tmp_path / "next" / "f-card-run" / "metrics.jsonl").readlines()[-1])["step"] > step
 
 
