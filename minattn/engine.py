@@ -319,7 +319,8 @@ def faster(plain_form, like=None):
 @contextlib.contextmanager
 def plain(on=True):
     """The block runs on the textbook path (``on=False``: the annex; ``None``: by device), whatever
-    MINATTN_PLAIN says."""
+    MINATTN_PLAIN says. A graph is backpropagated on the path it was built on (off NumPy the annex's
+    ops hand the engine deferred gradients that only its accumulation adds)."""
     old, _Mode.plain = _Mode.plain, on
     try:
         yield

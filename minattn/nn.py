@@ -40,7 +40,7 @@ class Module:
         # the seam of a whole forward: the annex may register a faster form of a class's forward (the
         # GPU tier's copy-gate layer, minattn/fast/kernels_layer.py); a forward set on the instance
         # (a wrapper that records, lab/viz.py) runs as it is
-        fast = faster(type(self).forward, args[0] if args else None)
+        fast = faster(type(self).forward, args[0] if args else next(iter(kwargs.values()), None))
         if fast is type(self).forward or "forward" in vars(self):
             return self.forward(*args, **kwargs)
         return fast(self, *args, **kwargs)

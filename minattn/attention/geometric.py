@@ -109,9 +109,10 @@ def directional_logits(qk, s, alpha, beta, gamma, right):
     masked) diagonal."""
     bs = s * beta + gamma                                               # (B, H, T, 2)
     return alpha * qk + F.where(right, bs[..., 1:], bs[..., :1])
+
+
 class GeometricAttention(Module):
-    """Multi-head geometric attention with the directional term (docs/ndr.md §3). Letters follow the
-    paper."""
+    """Multi-head geometric attention with directions (docs/ndr.md §3), in the paper's letters."""
 
     last_weights = None
 
@@ -161,8 +162,7 @@ class GeometricAttention(Module):
         return (y, A) if return_weights else y
 
     def _invalid(self, key_mask, T, like):
-        """invalid_keys, kept while the same key_mask comes back (a shared layer applied n
-        times)."""
+        """invalid_keys, kept while the same key_mask comes back (a layer applied n times)."""
         key = (T, backend.device_of(like))
         cached = vars(self).get("_invalid_cache")
         if cached is None or cached[0] is not key_mask or cached[1] != key:

@@ -19,7 +19,7 @@ everywhere. This is the one inventory:
     attention/geometric.py:              directional_logits      fused_directional_logits geometric.py
       GeometricAttention.forward           (Eqs. 9–10, composed)   (DirectionalLogits)
     fast/geometric.py                    DirectionalLogits       GroupedDirectionalLogits geometric.py
-    nn.py: Module.__call__               CopyGateLayer.forward   copy_gate_forward        kernels_layer.py
+    nn.py: Module.__call__ (GPU tier)    CopyGateLayer.forward   copy_gate_forward        kernels_layer.py
     fast/geometric.py (GPU tier)         GeometricWeights,       ..Kernel (each)          kernels_geometric.py
                                          DirectionalLogits
     ops/fused.py (GPU tier)              LayerNorm               LayerNormKernel          kernels_layer.py

@@ -1,5 +1,5 @@
 """Annex: how ``Tensor.backward`` adds gradients, made faster (the seam:
-``faster(engine.Accumulation)``).
+``faster(engine.Accumulation, data)``).
 
 The textbook ``engine.Accumulation`` adds out of place: a tensor used n times gets n − 1 new arrays,
 and a leaf's ``.grad`` is a copy. ``GroupedAccumulation`` does the same sums with fewer array

@@ -259,19 +259,18 @@ class SecondLayers(Function):
         return _mm(g, self.both.T), Outer(hidden[:, :m], g[:, :n]), Outer(hidden[:, m:], g[:, n:])
 
 
-_BOTH = {}
-
-
 def both_second_layers(layer, W1):
-    """[W2 0; 0 G2], made once per pass: inside ``Module.repeated`` (fast/shared_layer.py) every
-    application gets the same ``W1`` from ``first_layers``, and no weight changes within a pass."""
-    if _BOTH.get("W1") is not W1:
+    """[W2 0; 0 G2], made once per pass and kept on the layer: inside ``Module.repeated``
+    (fast/shared_layer.py) every application gets the same ``W1`` from ``first_layers``, and no
+    weight changes within a pass."""
+    made = vars(layer).get("_both")
+    if made is None or made[0] is not W1:
         W2, G2 = layer.ff.fc2.weight.data, layer.gate.fc2.weight.data
         (m, n), (k, l) = W2.shape, G2.shape
         both = array_module(W2).zeros((m + k, n + l), W2.dtype)
         both[:m, :n], both[m:, n:] = W2, G2
-        _BOTH.update(W1=W1, both=both)
-    return _BOTH["both"]
+        made = layer._both = (W1, both)
+    return made[1]
 
 
 def copy_gate_forward(layer, h, key_mask=None):

@@ -1,12 +1,13 @@
 """Annex: the gradients of a tensor's slices put together at once (the seam:
-``faster(ops.GetItem)``).
+``faster(ops.GetItem, x)``).
 
 The plain ``GetItem`` backward of a basic index (x[:, :C], x[0]) is a zeros array of x's shape with
 gy written into the slice; a tensor cut into n slices (q, k and v of a fused projection; the hidden
 layer shared by a feed-forward and its gate) gets n such arrays, summed: 2n + 2 array operations and
 n passes over memory. Here the slice's gradient goes to the engine unevaluated (a ``Slices``, see
 fast/accumulate.py), and the engine fills one array for all n: the gradients side by side (one
-concatenate or stack) when the slices tile an axis, else one zeros array written into n times.
+concatenate or stack) when the slices tile an axis, else one zeros array written into n times. Off
+NumPy only, as the grouped ops: on NumPy the n arrays cost no more than the one.
 """
 import numpy as np
 
@@ -74,8 +75,9 @@ def _tiling(items):
 
 class SlicingGetItem(GetItem):
     def backward(self, gy):
-        # basic indexing only; a scalar bool (x[True]) is a mask, not basic
-        if all(_array_kind(i) is None and not isinstance(i, (bool, np.bool_)) for i in self.index):
+        # off NumPy only (as the grouped ops), basic indexing only (a scalar bool, x[True], is a mask)
+        if type(gy) is not np.ndarray and all(_array_kind(i) is None and not isinstance(i, (bool, np.bool_))
+                                              for i in self.index):
             return Slices(self.index, gy, self.shape)
         return super().backward(gy)
 

@@ -50,7 +50,7 @@ class SplitHeads(Function):
     """Columns [start, start + H·dh) of x (B, T, n) as H heads (B, H, T, dh): a slice, a reshape and
     a transpose (minGPT's ``.view(B, T, nh, hs).transpose(1, 2)``; ``split_heads_composed``) as one
     view and one node, not three. The backward is the inverse view, then the slice's own
-    (``faster(GetItem)``: on the annex path the gradients of all of x's slices land side by side in
+    (``faster(GetItem, x)``: on the annex path the gradients of all of x's slices land side by side in
     one concatenate). Attention cuts q, k, v (and NDR's s) out of one projection: 4 nodes per
     application instead of 9."""
 

@@ -228,3 +228,13 @@ def test_every_fused_and_kernel_form_equals_its_plain_definition(case, mode, mon
             tol = 1e-9 if got is not launched else max(1e-5, 10 * np.abs(annex32[name] - r).max() / scale)
             np.testing.assert_allclose(got[name], r, rtol=0, atol=tol * scale,
                                        err_msg=f"{path}: {name}")
+
+
+def test_a_graph_built_on_the_annex_backpropagates_on_numpy_outside_its_block():
+    """On NumPy the annex hands the engine no deferred gradient (as off NumPy it does), so a graph built
+    under plain(False) and backpropagated after it is the same graph: here a tensor cut into two slices."""
+    x = Tensor(np.ones((2, 6)), requires_grad=True)
+    with plain(False):
+        y = (x[:, :3] * 2).sum() + x[:, 3:].sum()
+    y.backward()
+    np.testing.assert_array_equal(x.grad, [[2, 2, 2, 1, 1, 1]] * 2)
