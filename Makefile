@@ -30,9 +30,10 @@ export OPENBLAS_NUM_THREADS ?= 1
 
 # PY, the Python that runs everything below: PY=... given on the command line, as it is; else .venv once
 # built; else $(PYTHON) itself when it already has what the goals need (NEEDS: NumPy 2 and tqdm, pytest for
-# the tests, a CuPy that sees a GPU for DEVICE=gpu), so that a cluster or a GPU machine without network
-# runs the same commands; else a new .venv, installed from PyPI.
+# the tests, matplotlib for make plot, a CuPy that sees a GPU for DEVICE=gpu), so that a cluster or a GPU
+# machine without network runs the same commands; else a new .venv, installed from PyPI.
 NEEDS := numpy tqdm $(if $(filter test test-slow golden mutation gpu-check,$(MAKECMDGOALS)),pytest) \
+	$(if $(filter plot,$(MAKECMDGOALS)),matplotlib) \
 	$(if $(filter gpu,$(DEVICE))$(filter gpu-check,$(MAKECMDGOALS)),cupy)
 HAS_NEEDS = $(shell $(PYTHON) -c 'import sys; [__import__(m) for m in sys.argv[1:]]; import numpy; \
 	assert int(numpy.__version__.split(".")[0]) >= 2; \

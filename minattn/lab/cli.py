@@ -193,7 +193,7 @@ def resolve(args):
     saved, path = {}, os.path.join(args.out or "", CHECKPOINT)
     # (a directory without a checkpoint is left to the resume's own check: a live writer's lock, say)
     if args.resume and args.out and os.path.exists(path):
-        saved = saved_settings(load_checkpoint(path), path)
+        saved = saved_settings(load_checkpoint(path, arrays=False), path)   # (the resume reads the arrays)
         for flag in ("task", "model", "preset"):
             if getattr(args, flag) not in (None, saved[flag]):
                 raise UsageError(f"{args.out} holds a {saved['task']} / {saved['model']} run "
@@ -282,7 +282,8 @@ def plot(out_dir, device="cpu", texts=(), task=None, model=None, settings=(), pl
     if any(not t.strip() for t in texts):
         raise UsageError("--example is empty: give the input to draw, e.g. --example '101 d a b'")
     default_dir, plot_dir = plot_dir is None, plot_dir or os.path.join(out_dir, "plots")
-    if default_dir and os.path.islink(plot_dir) or os.path.exists(plot_dir) and not os.path.isdir(plot_dir):
+    not_a_dir = os.path.exists(plot_dir) and not os.path.isdir(plot_dir)
+    if (default_dir and os.path.islink(plot_dir)) or not_a_dir:
         raise UsageError(f"{plot_dir} is a link or a file, not a directory for the pictures "
                          "(choose --plot-dir)")
     recipe, net, _ = _load_run(out_dir, device, settings)

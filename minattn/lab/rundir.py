@@ -21,8 +21,7 @@ from .errors import UsageError
 
 CHECKPOINT = "checkpoint.npz"
 CHECKPOINT_VERSION = 2   # 1 was checkpoint.pkl
-# what format 2 gained during its life (0.1.0 development): a checkpoint without one is an older minattn's
-LATER_FIELDS = ("last", "plain", "kernels")
+LATER_FIELDS = ("last", "plain", "kernels")   # gained during format 2's life: without one, an older minattn's
 OLDER = "{} is a run of an older minattn ({}), which this one does not read: start a new run elsewhere"
 
 
@@ -44,6 +43,7 @@ def handling_signals():
             _sigterm["pending"] = True
         else:   # in a write, write_atomic removes its temporary file: the old file stays whole
             raise KeyboardInterrupt if signum == signal.SIGINT else Terminated
+    _sigterm.update(deferred=False, pending=False)   # nothing left from a block that raised
     try:
         old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     except ValueError:                 # not the main thread: signals are not ours to handle
@@ -209,6 +209,10 @@ def _int(v):
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _finite_only(constant):   # json reads NaN and ±Infinity, which minattn never writes
+    raise ValueError(f"{constant} in JSON")
+
+
 def _object(v, *objects):   # a JSON object whose members ``objects`` are objects too, or absent
     return isinstance(v, dict) and all(isinstance(v.get(k) or {}, dict) for k in objects)
 
@@ -254,7 +258,7 @@ def load_checkpoint(path, arrays=True):
                 if declared > 2 * size + (1 << 20):
                     raise corrupted(path, f"its members declare {declared} bytes in a file of {size}")
                 members = {k: z[k] for k in z.files if arrays or k == "metadata"}
-            ckpt = json.loads(str(members.pop("metadata")))
+            ckpt = json.loads(str(members.pop("metadata")), parse_constant=_finite_only)
         except UsageError:
             raise
         except Exception as e:   # not a zip, truncated, a pickle, no metadata, not JSON
@@ -262,9 +266,10 @@ def load_checkpoint(path, arrays=True):
                 from None
     if not isinstance(ckpt, dict):
         raise corrupted(path, "its metadata is not an object")
-    if _int(ckpt.get("version")) and ckpt["version"] < CHECKPOINT_VERSION:
-        raise UsageError(OLDER.format(out_dir, f"{CHECKPOINT} of format {ckpt['version']}; this "
-                                               f"one reads {CHECKPOINT_VERSION}"))
+    v = ckpt.get("version")
+    if _int(v) and v != CHECKPOINT_VERSION:   # an older minattn's checkpoint, or a newer one's
+        raise UsageError(OLDER.format(out_dir, f"{CHECKPOINT} of format {v}") if v < CHECKPOINT_VERSION
+                         else f"checkpoint {path} is a newer minattn's (format {v}): update minattn")
     lacking = [k for k in LATER_FIELDS if k not in ckpt]
     if ckpt.get("version") == CHECKPOINT_VERSION and isinstance(ckpt.get("optimizer"), dict) and (
             lacking or "without_state" not in ckpt["optimizer"]):
@@ -315,7 +320,7 @@ def read_log(path):
     with open_regular(path, "rb") as f:
         for line in filter(bytes.strip, f):
             try:
-                entry = json.loads(line.decode())   # UnicodeDecodeError is a ValueError too
+                entry = json.loads(line.decode(), parse_constant=_finite_only)   # (UnicodeDecodeError too)
             except ValueError:
                 entry = None
             if isinstance(entry, dict) and _int(entry.get("step")):

@@ -29,6 +29,7 @@ from minattn.engine import Tensor, eval_mode, no_grad
 from minattn.models import compositional as compositional_models
 
 from .errors import UsageError
+from .rundir import write_atomic
 
 DPI = 100
 CELL = 0.25          # inches per heatmap cell (half that for maps over 32 tokens)
@@ -466,10 +467,8 @@ def save_png(picture, path):
     fig.suptitle("\n".join(_title_lines(picture, figure_inches(picture)[0])), fontsize=9)
     buf = io.BytesIO()
     fig.savefig(buf, dpi=DPI, format="png")
-    if os.path.islink(path):   # a link in a shared run directory is replaced, never written through
-        os.unlink(path)
-    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666), "wb") as f:
-        f.write(buf.getvalue())
+    # a new file renamed over the old: never written through a link, nor into a hard-linked copy's original
+    write_atomic(path, lambda f: f.write(buf.getvalue()), mode="wb")
     return path
 
 

@@ -55,16 +55,21 @@ def _run(argv, env=None, stop_after=None):
                          env=dict(os.environ, **(env or {})))
     timers = [] if stop_after is None else [threading.Timer(stop_after, p.terminate),
                                             threading.Timer(stop_after + 60, p.kill)]
-    for timer in timers:
-        timer.start()
     lines = []
-    for line in p.stdout:
-        print(line, end="", flush=True)
-        lines.append(line.rstrip("\n"))
-    code = p.wait()
-    for timer in timers:
-        timer.cancel()
-    return code, lines
+    try:
+        for timer in timers:
+            timer.daemon = True
+            timer.start()
+        for line in p.stdout:
+            print(line, end="", flush=True)
+            lines.append(line.rstrip("\n"))
+        return p.wait(), lines
+    finally:   # the check itself interrupted (Ctrl-C, a test's time limit): no orphan left running
+        for timer in timers:
+            timer.cancel()
+        if p.poll() is None:
+            p.kill()
+            p.wait()
 
 
 def _pytest(device, *args, env=None):

@@ -281,3 +281,14 @@ def test_an_older_minattns_run_directory_is_one_line_and_nothing_is_unpickled(tm
         one_line_error(code, err)
         assert f"{out} is a run of an older minattn (it holds checkpoint.pkl)" in err and "start a new run" in err
     assert not marker.exists()
+
+
+def test_a_sigterm_held_back_by_an_earlier_block_is_not_carried_into_the_next(tmp_path):
+    """handling_signals starts clean: a block that raised while SIGTERM was deferred (a step that failed)
+    must not leave the next block deferring it, or a SIGTERM in its write would be swallowed."""
+    import signal
+    rundir._sigterm.update(deferred=True, pending=True)     # as a block left it
+    with pytest.raises(rundir.Terminated):
+        with rundir.handling_signals():
+            rundir.write_atomic(str(tmp_path / "f"), lambda f: os.kill(os.getpid(), signal.SIGTERM))
+    assert not os.listdir(tmp_path)                          # and the write left nothing behind

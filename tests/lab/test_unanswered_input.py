@@ -107,8 +107,13 @@ def test_pictures_are_not_written_through_a_link(fresh, tmp_path, capsys):
     victim.write_text("precious")
     os.symlink(victim, png)
     pytest.importorskip("matplotlib")
-    viz.save_png(viz.Picture("x", "t", [viz.Panel(np.eye(2), "m", rows=["a", "b"], cols=["a", "b"])]), str(png))
+    picture = viz.Picture("x", "t", [viz.Panel(np.eye(2), "m", rows=["a", "b"], cols=["a", "b"])])
+    viz.save_png(picture, str(png))
     assert victim.read_text() == "precious" and not png.is_symlink()
+    os.remove(png)                                    # a hard link (a cp -al copy's picture): a new file too
+    os.link(victim, png)
+    viz.save_png(picture, str(png))
+    assert victim.read_text() == "precious" and os.stat(png).st_nlink == 1
 
 
 def test_the_lock_message_does_not_name_a_dead_pid(tmp_path, capsys):
@@ -256,6 +261,10 @@ CRAFTED = {   # name: (edit of the metadata, edit of the arrays, what the one li
     "device not cpu or gpu": (_set("config.device", "tpu"), None, "config.device: 'tpu', not cpu or gpu"),
     "last a list": (_set("last", [1]), None, "last: expected"),
     "last with a string metric": (_set("last", {"valid": "x"}), None, "last: expected"),
+    # json reads NaN and Infinity, which minattn never writes (a NaN in history crashed repair_log)
+    "NaN in the history": (_set("history", [{"step": 1, "iid": float("nan")}]), None, "corrupted or unreadable"),
+    "Infinity as the train time": (_set("train_time", float("inf")), None, "corrupted or unreadable"),
+    "a newer minattn's format": (_set("version", 3), None, "is a newer minattn's (format 3): update minattn"),
 }
 
 

@@ -1,10 +1,12 @@
 """No test can hang the suite: every test runs under a time limit (tests/conftest.py) that fails it by name."""
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
 
-from tests.conftest import TIME_LIMIT, time_limit
+from tests.conftest import TIME_LIMIT, children, kill_children, time_limit
 
 
 def test_every_test_runs_under_the_default_limit():
@@ -25,3 +27,10 @@ def test_a_block_over_its_limit_fails_with_its_name():
             while time.monotonic() - start < 30:   # a hang, cut short by the limit
                 pass
     assert signal.getitimer(signal.ITIMER_REAL)[0] > 0   # the test's own limit runs on after the block
+
+
+def test_a_child_left_running_by_a_test_is_killed():
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    assert p.pid in children()
+    kill_children(set())
+    assert p.wait(timeout=10) == -signal.SIGKILL and p.pid not in children()
