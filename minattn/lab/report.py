@@ -27,7 +27,7 @@ def finished_run(d):
         with open_regular(os.path.join(d, "results.json")) as f:
             r = json.load(f)
     except FileNotFoundError:   # a run that has checkpointed but not finished: its checkpoint's metadata
-        if not os.path.isfile(os.path.join(d, CHECKPOINT)):
+        if not any(os.path.isfile(os.path.join(d, n)) for n in (CHECKPOINT, "checkpoint.pkl")):
             raise UsageError(f"{d} has no results.json (not a run directory, or the run is not finished)")
         meta = load_checkpoint(os.path.join(d, CHECKPOINT), arrays=False)
         cfg, step = meta["config"], meta["step"]

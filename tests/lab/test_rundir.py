@@ -280,6 +280,9 @@ def test_an_older_minattns_run_directory_is_one_line_and_nothing_is_unpickled(tm
         code, err = run(argv, capsys)
         one_line_error(code, err)
         assert f"{out} is a run of an older minattn (it holds checkpoint.pkl)" in err and "start a new run" in err
+    (out / "results.json").unlink()                                      # --report says so in its warning
+    assert train.main(["--report", str(out)]) == 2
+    assert f"{out} is a run of an older minattn (it holds checkpoint.pkl)" in capsys.readouterr().err
     assert not marker.exists()
 
 
