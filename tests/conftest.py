@@ -56,17 +56,13 @@ def time_limit(seconds, name):
 
 
 def children():
-    """The running child processes of this one (Linux's /proc; elsewhere none are known)."""
-    found = set()
-    for pid in filter(str.isdigit, os.listdir("/proc") if os.path.isdir("/proc") else []):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()   # after "pid (command)": state, ppid, ...
-        except OSError:
-            continue
-        if int(fields[1]) == os.getpid() and fields[0] != "Z":
-            found.add(int(pid))
-    return found
+    """The child processes of this one that tests start (from the main thread), as Linux lists them in one
+    file; where it does not, none are known. (Scanning /proc instead cost ~1 ms a test.)"""
+    path = f"/proc/self/task/{os.getpid()}/children"
+    if not os.path.exists(path):
+        return set()
+    with open(path) as f:
+        return {int(pid) for pid in f.read().split()}
 
 
 def kill_children(keep):

@@ -166,6 +166,7 @@ def test_a_loaded_state_is_what_the_flat_buffer_steps_from():
     for p, q in zip(flat, single):
         np.testing.assert_array_equal(_host(p.data), _host(q.data))
 
+
 def test_clip_grad_norm_over_the_flat_buffer_matches_one_by_one():
     params = _params(0)
     opt = optim.SGD(params, lr=0.0)
